@@ -1,0 +1,82 @@
+"""Agents: create, update as a new version, archive; and their API form."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from harness.agent_config import normalise_agent_config
+from harness.models import Agent, AgentVersion
+from workbench.api.errors import Conflict, InvalidRequest, NotFound
+from workbench.api.validation import no_unknown_fields
+
+_UPDATABLE = ("description", "execution_identity", "mcp_servers", "metadata", "model", "multiagent", "name",
+              "skills", "system", "tools", "version", "harness", "context")
+
+
+def agent_json(version: AgentVersion) -> dict[str, Any]:
+    agent = version.agent
+    return {
+        "id": agent.id,
+        "type": "agent",
+        "version": version.version,
+        **version.config,
+        "created_at": agent.created_at.isoformat(),
+        "updated_at": version.created_at.isoformat(),
+        "archived_at": agent.archived_at.isoformat() if agent.archived_at else None,
+    }
+
+
+def get_agent(agent_id: str) -> Agent:
+    agent = Agent.objects.filter(id=agent_id).first()
+    if agent is None:
+        raise NotFound(f"No agent with id {agent_id!r}.")
+    return agent
+
+
+def get_agent_version(agent_id: str, version: int | None = None) -> AgentVersion:
+    agent = get_agent(agent_id)
+    number = agent.version if version is None else version
+    found = AgentVersion.objects.select_related("agent").filter(agent=agent, version=number).first()
+    if found is None:
+        raise NotFound(f"Agent {agent_id} has no version {number}; its latest is {agent.version}.")
+    return found
+
+
+@transaction.atomic
+def agent_create(body: dict[str, Any]) -> AgentVersion:
+    no_unknown_fields(body, [f for f in _UPDATABLE if f != "version"], "agent")
+    config = normalise_agent_config(body)
+    agent = Agent.objects.create()
+    return AgentVersion.objects.create(agent=agent, version=1, config=config)
+
+
+@transaction.atomic
+def agent_update(agent_id: str, body: dict[str, Any]) -> AgentVersion:
+    """A changed configuration becomes a new version; an unchanged one returns the current version."""
+    no_unknown_fields(body, _UPDATABLE, "agent update")
+    agent = Agent.objects.select_for_update().filter(id=agent_id).first()
+    if agent is None:
+        raise NotFound(f"No agent with id {agent_id!r}.")
+    if agent.archived_at is not None:
+        raise InvalidRequest(f"Agent {agent_id} is archived and cannot be changed.")
+    expected = body.get("version")
+    if expected is not None and expected != agent.version:
+        raise Conflict(f"Agent {agent_id} is at version {agent.version}, not {expected}; re-read it and retry.")
+    current = AgentVersion.objects.get(agent=agent, version=agent.version)
+    config = normalise_agent_config({k: v for k, v in body.items() if k != "version"}, current=current.config)
+    if config == current.config:
+        return current
+    agent.version += 1
+    agent.save(update_fields=["version", "updated_at"])
+    return AgentVersion.objects.create(agent=agent, version=agent.version, config=config)
+
+
+def agent_archive(agent_id: str) -> AgentVersion:
+    agent = get_agent(agent_id)
+    if agent.archived_at is None:
+        agent.archived_at = timezone.now()
+        agent.save(update_fields=["archived_at", "updated_at"])
+    return get_agent_version(agent_id)

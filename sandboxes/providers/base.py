@@ -1,0 +1,69 @@
+"""The interface every sandbox provider implements: a hand the harness can call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+class SandboxError(Exception):
+    """The provider could not do what was asked (engine down, provisioning failed)."""
+
+
+class SandboxGone(SandboxError):
+    """The sandbox no longer exists or stopped (killed, OOM, lost by the engine): provision a new one."""
+
+
+class ToolInputError(Exception):
+    """The tool's input is not acceptable (missing field, path outside the workspace, unknown tool)."""
+
+
+class ToolFailed(Exception):
+    """The tool ran and failed in a way the model should see as an error result (e.g. edit found no match)."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a sandbox is provisioned with; built from an Environment by the caller."""
+
+    image: str = "workbench-sandbox:latest"
+    cpus: float = 1.0
+    memory_mb: int = 512
+    pids: int = 256
+    network: bool = False
+    labels: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+Cancelled = Callable[[], bool]
+
+
+@runtime_checkable
+class Provider(Protocol):
+    name: str
+    capabilities: frozenset[str]  # optional extras, e.g. {"pause", "snapshot"}; never assumed
+
+    def provision(self, resources: Resources) -> str:
+        """Create a sandbox and return its handle once it can execute."""
+        ...
+
+    def execute(
+        self,
+        handle: str,
+        name: str,
+        input: dict[str, Any],
+        *,
+        timeout_s: float | None = None,
+        cancelled: Cancelled | None = None,
+    ) -> str:
+        """Run toolset tool `name` with `input` inside the sandbox and return its text output."""
+        ...
+
+    def is_alive(self, handle: str) -> bool: ...
+
+    def terminate(self, handle: str) -> None: ...
+
+    def list_handles(self) -> dict[str, dict[str, str]]:
+        """Every sandbox this provider manages that still exists, with its labels (for the reaper)."""
+        ...

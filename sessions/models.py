@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from django.db import models
+
+from workbench.ids import new_id
+
+
+class Session(models.Model):
+    """An agent session. Its history is its events; the row holds what lists and locks need."""
+
+    class Status(models.TextChoices):
+        IDLE = "idle"
+        RUNNING = "running"
+        RESCHEDULING = "rescheduling"
+        TERMINATED = "terminated"
+
+    id = models.CharField(primary_key=True, max_length=40, default=partial(new_id, "sesn"), editable=False)
+    agent = models.ForeignKey("harness.Agent", on_delete=models.PROTECT, related_name="sessions")
+    agent_version = models.PositiveIntegerField()
+    agent_snapshot = models.JSONField(help_text="The resolved agent this session runs.")
+    environment = models.ForeignKey("sandboxes.Environment", on_delete=models.PROTECT, related_name="sessions")
+    title = models.CharField(max_length=500, null=True, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    resources = models.JSONField(default=list, blank=True)
+    vault_ids = models.JSONField(default=list, blank=True)
+    budget = models.JSONField(null=True, blank=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.IDLE)
+    usage = models.JSONField(default=dict, blank=True)
+    # The number of events, i.e. the next seq. Appends take this row's lock to bump it.
+    next_seq = models.BigIntegerField(default=0)
+    # The lease of the brain allowed to write; appends carrying another epoch are refused.
+    lease_epoch = models.BigIntegerField(default=0)
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    forked_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks")
+    forked_at_seq = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    archived_at = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["created_at", "id"], name="session_created_id")]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class AppendOnlyError(Exception):
+    """Events are never changed or removed once written."""
+
+
+class EventQuerySet(models.QuerySet["Event"]):
+    def update(self, **kwargs: Any) -> int:
+        raise AppendOnlyError("Events are append-only: they cannot be updated.")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise AppendOnlyError("Events are append-only: they cannot be deleted.")
+
+
+class Event(models.Model):
+    """One entry of a session's log, at position `seq`."""
+
+    uid = models.CharField(max_length=40, unique=True, default=partial(new_id, "sevt"), editable=False)
+    session = models.ForeignKey(Session, on_delete=models.PROTECT, related_name="events", db_index=False)
+    seq = models.BigIntegerField()
+    type = models.CharField(max_length=64)
+    payload = models.JSONField(default=dict)
+    processed_at = models.DateTimeField()
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    lease_epoch = models.BigIntegerField(null=True, blank=True)
+
+    objects = EventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["session", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "seq"], name="event_session_seq_unique"),
+            models.UniqueConstraint(fields=["session", "idempotency_key"], name="event_session_idem_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}[{self.seq}] {self.type}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise AppendOnlyError("Events are append-only: they cannot be updated.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise AppendOnlyError("Events are append-only: they cannot be deleted.")
+
+    def as_api(self) -> dict[str, Any]:
+        """The event as the /v1 API and the SDK see it."""
+        return {"id": self.uid, "type": self.type, **self.payload, "processed_at": self.processed_at.isoformat()}

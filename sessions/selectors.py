@@ -1,0 +1,65 @@
+"""Reads of the session log. Slices are positional and read by keyset on seq, never by OFFSET."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from sessions.models import Event, Session
+from sessions.services import SessionNotFound
+
+
+def get_session(session_id: str) -> Session:
+    session = Session.objects.filter(id=session_id, deleted_at__isnull=True).first()
+    if session is None:
+        raise SessionNotFound(session_id)
+    return session
+
+
+def session_length(session_id: str) -> int:
+    length = Session.objects.filter(id=session_id, deleted_at__isnull=True).values_list("next_seq", flat=True).first()
+    if length is None:
+        raise SessionNotFound(session_id)
+    return length
+
+
+def get_events(
+    session_id: str, start: int | None = None, stop: int | None = None, *, types: Iterable[str] | None = None
+) -> list[Event]:
+    """The events at positions `[start:stop]` with Python's slice semantics (negatives count from the end).
+
+    Positions are seqs, because seqs have no gaps. `types` keeps only events of those types within the slice.
+    """
+    lo, hi, _ = slice(start, stop).indices(session_length(session_id))
+    if lo >= hi:
+        return []
+    events = Event.objects.filter(session_id=session_id, seq__gte=lo, seq__lt=hi)
+    if types is not None:
+        events = events.filter(type__in=list(types))
+    return list(events.order_by("seq"))
+
+
+def events_after(session_id: str, after_seq: int, *, limit: int) -> list[Event]:
+    """Up to `limit` events with seq greater than `after_seq`, in order: how live readers catch up."""
+    return list(Event.objects.filter(session_id=session_id, seq__gt=after_seq).order_by("seq")[:limit])
+
+
+def list_events(
+    session_id: str,
+    *,
+    after_seq: int | None,
+    order: str,
+    limit: int,
+    types: list[str] | None,
+    processed: dict[str, datetime],
+) -> tuple[list[Event], bool]:
+    """One page of the API's event list and whether more follow; `after_seq` is the cursor (exclusive)."""
+    events = Event.objects.filter(session_id=session_id)
+    if after_seq is not None:
+        events = events.filter(seq__gt=after_seq) if order == "asc" else events.filter(seq__lt=after_seq)
+    if types:
+        events = events.filter(type__in=types)
+    if processed:
+        events = events.filter(**{f"processed_at__{op}": value for op, value in processed.items()})
+    page = list(events.order_by("seq" if order == "asc" else "-seq")[: limit + 1])
+    return page[:limit], len(page) > limit

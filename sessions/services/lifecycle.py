@@ -1,0 +1,262 @@
+"""A session's life: create, update, archive, delete; and the events users send it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from harness.agent_config import normalise_agent_config
+from harness.agents import get_agent_version
+from sandboxes.environments import get_environment
+from sessions.event_types import validate_sendable
+from sessions.models import Event, Session
+from sessions.services.log import SessionNotFound, emit_event
+from workbench.api.errors import InvalidRequest, NotFound
+from workbench.api.validation import expect, metadata, no_unknown_fields, patch_metadata, text
+from workbench.ids import new_id
+
+# User events that give the brain something to do.
+WAKING_TYPES = frozenset({"user.message", "user.interrupt", "user.custom_tool_result", "user.tool_confirmation",
+                          "user.tool_result", "user.define_outcome"})
+RUNNING_TYPES = WAKING_TYPES - {"user.interrupt"}
+# What each reference field of a sent event must point at in the same session.
+REFERENCES = {
+    "tool_use_id": ("agent.tool_use", "agent.mcp_tool_use"),
+    "custom_tool_use_id": ("agent.custom_tool_use",),
+}
+SNAPSHOT_FIELDS = ("name", "description", "system", "model", "tools", "mcp_servers", "skills", "multiagent",
+                   "execution_identity", "harness", "context")
+OVERRIDABLE = ("model", "system", "tools", "mcp_servers", "skills")
+
+
+def _resolve_agent(value: Any) -> tuple[str, int, dict[str, Any]]:
+    if isinstance(value, str):
+        value = {"type": "agent", "id": value}
+    expect(value, dict, "'agent'")
+    kind = value.get("type", "agent")
+    if kind not in ("agent", "agent_with_overrides"):
+        raise InvalidRequest(f"'agent.type' must be 'agent' or 'agent_with_overrides', not {kind!r}.")
+    allowed = ("type", "id", "version") + (OVERRIDABLE if kind == "agent_with_overrides" else ())
+    no_unknown_fields(value, allowed, "agent")
+    agent_id = text(value, "id", "agent", required=True, min_length=1)
+    version_number = value.get("version")
+    if version_number is not None:
+        expect(version_number, int, "'agent.version'")
+    try:
+        version = get_agent_version(agent_id, version_number)
+    except NotFound as missing:
+        raise NotFound(missing.message) from None
+    if version.agent.archived_at is not None:
+        raise InvalidRequest(f"Agent {agent_id} is archived; sessions cannot start from it.")
+    config = version.config
+    overrides = {key: value[key] for key in OVERRIDABLE if key in value}
+    if overrides:
+        config = normalise_agent_config(overrides, current=config)
+    snapshot = {"type": "agent", "id": agent_id, "version": version.version,
+                **{key: config.get(key) for key in SNAPSHOT_FIELDS}}
+    return agent_id, version.version, snapshot
+
+
+def _resources(value: Any) -> list[dict[str, Any]]:
+    resources = []
+    now = timezone.now().isoformat()
+    for i, resource in enumerate(expect(value, list, "'resources'")):
+        where = f"resources[{i}]"
+        kind = expect(resource, dict, f"'{where}'").get("type")
+        if kind == "github_repository":
+            no_unknown_fields(resource, ("type", "url", "authorization_token", "checkout", "mount_path"), where)
+            url = text(resource, "url", where, required=True, min_length=1)
+            name = url.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
+            item = {"type": kind, "id": new_id("sres"), "url": url,
+                    "mount_path": text(resource, "mount_path", where, default=f"/workspace/{name}"),
+                    "checkout": resource.get("checkout"), "created_at": now, "updated_at": now}
+            if resource.get("authorization_token"):
+                item["authorization_token"] = text(resource, "authorization_token", where)
+        elif kind == "file":
+            no_unknown_fields(resource, ("type", "file_id", "mount_path"), where)
+            file_id = text(resource, "file_id", where, required=True, min_length=1)
+            item = {"type": kind, "id": new_id("sres"), "file_id": file_id,
+                    "mount_path": text(resource, "mount_path", where, default=f"/mnt/session/uploads/{file_id}"),
+                    "created_at": now, "updated_at": now}
+        elif kind == "memory_store":
+            no_unknown_fields(resource, ("type", "memory_store_id", "access", "instructions"), where)
+            item = {"type": kind, "memory_store_id": text(resource, "memory_store_id", where, required=True),
+                    "access": resource.get("access", "read_write"),
+                    "instructions": text(resource, "instructions", where, max_length=4096, default=None)}
+        else:
+            raise InvalidRequest(f"'{where}.type' must be github_repository, file or memory_store, not {kind!r}.")
+        resources.append(item)
+    return resources
+
+
+def _budget(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    expect(value, dict, "'budget'")
+    if value.get("type") != "limit":
+        raise InvalidRequest("'budget.type' must be 'limit'.")
+    cost = expect(value.get("max_list_cost"), dict, "'budget.max_list_cost'")
+    amount = cost.get("amount")
+    if not isinstance(amount, str) or not amount.isdigit():
+        raise InvalidRequest("'budget.max_list_cost.amount' must be a whole number of minor units, as a string.")
+    return {"type": "limit", "max_list_cost": {"amount": amount, "currency": cost.get("currency", "USD")}}
+
+
+def _vault_ids(value: Any) -> list[str]:
+    for vault_id in expect(value, list, "'vault_ids'"):
+        if not isinstance(vault_id, str) or not vault_id.startswith("vlt_"):
+            raise InvalidRequest(f"'vault_ids' must hold vault ids like 'vlt_…', not {vault_id!r}.")
+    return value
+
+
+def _check_references(session_id: str, events: list[dict[str, Any]]) -> None:
+    for i, event in enumerate(events):
+        for key, types in REFERENCES.items():
+            if key not in event:
+                continue
+            if not Event.objects.filter(session_id=session_id, uid=event[key], type__in=types).exists():
+                raise InvalidRequest(
+                    f"'events[{i}].{key}' is {event[key]!r}, which is not the id of an "
+                    f"{' or '.join(types)} event in session {session_id}."
+                )
+
+
+def _queue_wake(session_id: str) -> None:
+    from harness.tasks import wake
+
+    transaction.on_commit(lambda: wake.delay(session_id))
+
+
+def _append_user_events(session: Session, events: list[dict[str, Any]]) -> list[Event]:
+    created = [emit_event(session.id, event) for event in events]
+    kinds = {event["type"] for event in events}
+    if kinds & RUNNING_TYPES and session.status != Session.Status.RUNNING:
+        Session.objects.filter(id=session.id).update(status=Session.Status.RUNNING)
+    if kinds & WAKING_TYPES:
+        _queue_wake(session.id)
+    return created
+
+
+def _writable(session_id: str) -> Session:
+    session = Session.objects.select_for_update().filter(id=session_id, deleted_at__isnull=True).first()
+    if session is None:
+        raise NotFound(f"No session with id {session_id!r}.")
+    if session.archived_at is not None:
+        raise InvalidRequest(f"Session {session_id} is archived; it takes no more events.")
+    if session.status == Session.Status.TERMINATED:
+        raise InvalidRequest(f"Session {session_id} is terminated; it takes no more events.")
+    return session
+
+
+def session_send_events(session_id: str, body: dict[str, Any]) -> list[Event]:
+    """All the events or none: each is checked before any is written."""
+    no_unknown_fields(body, ("events",), "body")
+    if "events" not in body:
+        raise InvalidRequest("'events' is required: a list of events to send.")
+    events = expect(body["events"], list, "'events'")
+    if not events:
+        raise InvalidRequest("'events' must hold at least one event.")
+    events = [validate_sendable(event, f"events[{i}]") for i, event in enumerate(events)]
+    with transaction.atomic():
+        session = _writable(session_id)
+        _check_references(session_id, events)
+        return _append_user_events(session, events)
+
+
+def session_create(body: dict[str, Any]) -> Session:
+    no_unknown_fields(body, ("agent", "environment_id", "budget", "initial_events", "metadata", "resources",
+                             "title", "vault_ids"), "session")
+    if "agent" not in body:
+        raise InvalidRequest("'agent' is required: an agent id, or {\"type\": \"agent\", \"id\": …, \"version\": …}.")
+    agent_id, version, snapshot = _resolve_agent(body["agent"])
+    environment_id = text(body, "environment_id", required=True, min_length=1)
+    environment = get_environment(environment_id)
+    if environment.archived_at is not None:
+        raise InvalidRequest(f"Environment {environment_id} is archived; sessions cannot start in it.",
+                             code="environment_archived")
+    initial = expect(body.get("initial_events", []), list, "'initial_events'")
+    if len(initial) > 50:
+        raise InvalidRequest(f"'initial_events' may hold at most 50 events, not {len(initial)}.")
+    initial = [validate_sendable(event, f"initial_events[{i}]") for i, event in enumerate(initial)]
+    for i, event in enumerate(initial):
+        if event["type"] not in ("user.message", "user.define_outcome"):
+            raise InvalidRequest(f"'initial_events[{i}].type' must be user.message or user.define_outcome.")
+    with transaction.atomic():
+        session = Session.objects.create(
+            agent_id=agent_id,
+            agent_version=version,
+            agent_snapshot=snapshot,
+            environment=environment,
+            title=text(body, "title", nullable=True, max_length=500, default=None),
+            metadata=dict(metadata(body.get("metadata", {}))),
+            resources=_resources(body.get("resources", [])),
+            vault_ids=_vault_ids(body.get("vault_ids", [])),
+            budget=_budget(body.get("budget")),
+        )
+        if initial:
+            _append_user_events(session, initial)
+            session.refresh_from_db()
+    return session
+
+
+def session_update(session_id: str, body: dict[str, Any]) -> Session:
+    no_unknown_fields(body, ("agent", "budget", "metadata", "title", "vault_ids"), "session update")
+    if "vault_ids" in body:
+        raise InvalidRequest("Changing 'vault_ids' of a session is not supported yet; create a new session.")
+    with transaction.atomic():
+        session = Session.objects.select_for_update().filter(id=session_id, deleted_at__isnull=True).first()
+        if session is None:
+            raise NotFound(f"No session with id {session_id!r}.")
+        changed: dict[str, Any] = {}
+        if "title" in body:
+            session.title = changed["title"] = text(body, "title", nullable=True, max_length=500)
+        if "metadata" in body:
+            session.metadata = changed["metadata"] = patch_metadata(session.metadata,
+                                                                    metadata(body["metadata"], patch=True))
+        if "budget" in body:
+            session.budget = changed["budget"] = _budget(body["budget"])
+        if "agent" in body:
+            if session.status == Session.Status.RUNNING:
+                raise InvalidRequest(f"Session {session_id} is running; change its agent when it is idle.")
+            overrides = expect(body["agent"], dict, "'agent'")
+            no_unknown_fields(overrides, ("tools", "mcp_servers"), "agent")
+            config = normalise_agent_config(overrides, current=session.agent_snapshot)
+            session.agent_snapshot = {**session.agent_snapshot, "tools": config["tools"],
+                                      "mcp_servers": config["mcp_servers"]}
+            changed["agent"] = session.agent_snapshot
+        session.save()
+        if changed:
+            emit_event(session.id, {"type": "session.updated", **changed})
+    return session
+
+
+def session_archive(session_id: str) -> Session:
+    with transaction.atomic():
+        session = Session.objects.select_for_update().filter(id=session_id, deleted_at__isnull=True).first()
+        if session is None:
+            raise NotFound(f"No session with id {session_id!r}.")
+        if session.archived_at is None:
+            if session.status != Session.Status.TERMINATED:
+                emit_event(session.id, {"type": "session.status_terminated"})
+            Session.objects.filter(id=session.id).update(archived_at=timezone.now())
+        session.refresh_from_db()
+    return session
+
+
+def session_delete(session_id: str) -> dict[str, str]:
+    """Recorded in the log, then hidden from the API; no event is removed."""
+    with transaction.atomic():
+        session = Session.objects.select_for_update().filter(id=session_id, deleted_at__isnull=True).first()
+        if session is None:
+            raise NotFound(f"No session with id {session_id!r}.")
+        if session.status != Session.Status.TERMINATED:
+            emit_event(session.id, {"type": "session.status_terminated"})
+        emit_event(session.id, {"type": "session.deleted"})
+        Session.objects.filter(id=session.id).update(deleted_at=timezone.now())
+    return {"id": session_id, "type": "session_deleted"}
+
+
+__all__ = ["SessionNotFound", "session_archive", "session_create", "session_delete", "session_send_events",
+           "session_update"]

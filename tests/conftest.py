@@ -1,0 +1,161 @@
+"""Fixtures shared by the whole suite: API keys, rows, and the real services tests stand on."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.db import connection
+
+from harness.agents import agent_create
+from sandboxes.environments import environment_create
+from sessions.services.lifecycle import session_create
+from workbench.models import ApiKey, hash_key
+
+ROOT = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip outside CI when a real service is missing; in CI a missing service is a failure."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"required service missing in CI: {reason}")
+    print(f"SKIP: {reason}", file=sys.stderr)
+    pytest.skip(reason)
+
+
+def on_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def in_thread(function: Any) -> Any:
+    """Run `function` (in a worker thread) and close that thread's database connection afterwards."""
+    from django.db import connections
+
+    try:
+        return function()
+    finally:
+        connections.close_all()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def children_database_url() -> str:
+    """The URL of the database the tests use now (the test database), for processes tests start."""
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{settings['NAME']}"
+    return (f"postgres://{settings['USER']}:{settings.get('PASSWORD') or ''}@{settings['HOST']}:{settings['PORT']}/"
+            f"{settings['NAME']}")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, DATABASE_URL=children_database_url(), PYTHONPATH=str(ROOT),
+               DJANGO_SETTINGS_MODULE="workbench.settings")
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def api_key(db: Any) -> str:
+    raw = ApiKey.generate()
+    ApiKey.objects.create(name="test", prefix=raw[:12], key_hash=hash_key(raw))
+    return raw
+
+
+@pytest.fixture
+def api(client: Any, api_key: str) -> Any:
+    """Django's test client, authenticated with a fresh API key, speaking JSON."""
+
+    class Api:
+        headers = {"HTTP_AUTHORIZATION": f"Bearer {api_key}"}
+
+        def get(self, path: str, **params: Any) -> Any:
+            return client.get(path, params, **self.headers)
+
+        def post(self, path: str, body: Any = None, *, raw: bytes | None = None) -> Any:
+            import json
+
+            data = raw if raw is not None else (b"" if body is None else json.dumps(body).encode())
+            return client.post(path, data, content_type="application/json", **self.headers)
+
+        def delete(self, path: str) -> Any:
+            return client.delete(path, **self.headers)
+
+    return Api()
+
+
+def make_agent(**overrides: Any) -> str:
+    body = {"name": "tester", "model": "claude-sonnet-5-5", **overrides}
+    return agent_create(body).agent_id
+
+
+def make_environment(**overrides: Any) -> str:
+    return environment_create({"name": "env", **overrides}).id
+
+
+def make_session(**overrides: Any) -> str:
+    body = {"agent": make_agent(), "environment_id": make_environment(), **overrides}
+    return session_create(body).id
+
+
+@pytest.fixture
+def session_id(db: Any) -> str:
+    return make_session()
+
+
+@pytest.fixture
+def redis_url() -> str:
+    from django.conf import settings
+    import redis
+
+    try:
+        redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1).ping()
+    except redis.RedisError as error:
+        require(False, f"no Redis at {settings.REDIS_URL} ({error}); run `make test`, which starts one")
+    return settings.REDIS_URL
+
+
+@pytest.fixture
+def live_server_url(transactional_db: Any, redis_url: str) -> Iterator[str]:
+    """The real ASGI server (Daphne) on a free port, against the test database and Redis."""
+    port = free_port()
+    log = open(ROOT / ".pytest-daphne.log", "ab")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "workbench.asgi:application"],
+        cwd=ROOT, env=child_env(STREAM_CATCHUP_SECONDS="0.5", STREAM_PING_SECONDS="1"), stdout=log, stderr=log,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"daphne did not start; see {ROOT / '.pytest-daphne.log'}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()

@@ -1,0 +1,141 @@
+"""Checks for request bodies and queries that say exactly which field is wrong and why."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+
+from workbench.api.errors import InvalidRequest
+
+MISSING: Any = object()
+
+_TYPE_NAMES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer"}
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer", float: "a number"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def expect(value: Any, kind: type, where: str, *, nullable: bool = False) -> Any:
+    if value is None and nullable:
+        return None
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if not ok:
+        raise InvalidRequest(f"{where} must be {_TYPE_NAMES.get(kind, kind.__name__)}, not {_describe(value)}.")
+    return value
+
+
+def no_unknown_fields(body: Mapping[str, Any], allowed: Iterable[str], where: str) -> None:
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        raise InvalidRequest(
+            f"{where}: unknown field{'s' if len(unknown) > 1 else ''} {', '.join(repr(u) for u in unknown)}; "
+            f"allowed fields are {', '.join(sorted(allowed))}."
+        )
+
+
+def field(body: Mapping[str, Any], key: str, kind: type, where: str = "", *, required: bool = False,
+          nullable: bool = False, default: Any = MISSING) -> Any:
+    name = f"{where}.{key}" if where else key
+    if key not in body:
+        if required:
+            raise InvalidRequest(f"'{name}' is required.")
+        return default
+    return expect(body[key], kind, f"'{name}'", nullable=nullable)
+
+
+def text(body: Mapping[str, Any], key: str, where: str = "", *, required: bool = False, nullable: bool = False,
+         max_length: int | None = None, min_length: int = 0, default: Any = MISSING) -> Any:
+    value = field(body, key, str, where, required=required, nullable=nullable, default=default)
+    if isinstance(value, str):
+        name = f"{where}.{key}" if where else key
+        if len(value) < min_length:
+            raise InvalidRequest(f"'{name}' must not be empty." if min_length == 1 else
+                                 f"'{name}' must be at least {min_length} characters.")
+        if max_length is not None and len(value) > max_length:
+            raise InvalidRequest(f"'{name}' must be at most {max_length} characters, not {len(value)}.")
+    return value
+
+
+def metadata(value: Any, where: str = "metadata", *, patch: bool = False) -> dict[str, Any]:
+    """Up to 16 string pairs, keys ≤ 64 and values ≤ 512 characters; a patch may delete with null."""
+    expect(value, dict, f"'{where}'")
+    if len(value) > 16:
+        raise InvalidRequest(f"'{where}' has {len(value)} keys; at most 16 are allowed.")
+    for key, item in value.items():
+        if not key or len(key) > 64:
+            raise InvalidRequest(f"'{where}' keys must be 1 to 64 characters; {key!r} is not.")
+        if item is None and patch:
+            continue
+        if not isinstance(item, str):
+            raise InvalidRequest(f"'{where}.{key}' must be a string{' or null' if patch else ''}, not {_describe(item)}.")
+        if len(item) > 512:
+            raise InvalidRequest(f"'{where}.{key}' must be at most 512 characters.")
+    return value
+
+
+def patch_metadata(current: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(current)
+    for key, value in patch.items():
+        if value is None or value == "":
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    if len(merged) > 16:
+        raise InvalidRequest(f"'metadata' would have {len(merged)} keys after this update; at most 16 are allowed.")
+    return merged
+
+
+def query_int(params: Mapping[str, str], key: str, *, default: int, minimum: int, maximum: int) -> int:
+    raw = params.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidRequest(f"Query parameter '{key}' must be an integer, not {raw!r}.") from None
+    if not minimum <= value <= maximum:
+        raise InvalidRequest(f"Query parameter '{key}' must be between {minimum} and {maximum}, not {value}.")
+    return value
+
+
+def query_bool(params: Mapping[str, str], key: str, *, default: bool = False) -> bool:
+    raw = params.get(key)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("true", "1"):
+        return True
+    if raw.lower() in ("false", "0"):
+        return False
+    raise InvalidRequest(f"Query parameter '{key}' must be true or false, not {raw!r}.")
+
+
+def query_choice(params: Mapping[str, str], key: str, choices: tuple[str, ...], *, default: str) -> str:
+    raw = params.get(key) or default
+    if raw not in choices:
+        raise InvalidRequest(f"Query parameter '{key}' must be one of {', '.join(choices)}, not {raw!r}.")
+    return raw
+
+
+def query_datetime_ranges(params: Mapping[str, str], key: str) -> dict[str, datetime]:
+    """`key[gt]`, `key[gte]`, `key[lt]`, `key[lte]` as RFC 3339 times, keyed by the operator."""
+    ranges = {}
+    for op in ("gt", "gte", "lt", "lte"):
+        raw = params.get(f"{key}[{op}]")
+        if raw is None:
+            continue
+        value = parse_datetime(raw.replace(" ", "+"))
+        if value is None or value.tzinfo is None:
+            raise InvalidRequest(
+                f"Query parameter '{key}[{op}]' must be an RFC 3339 time with a zone, like "
+                f"2026-01-01T00:00:00Z, not {raw!r}."
+            )
+        ranges[op] = value
+    return ranges

@@ -1,0 +1,51 @@
+"""Who is calling: an API key (HTTP and WebSocket headers) or a logged-in operator (cookie)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from channels.auth import AuthMiddlewareStack
+from channels.db import database_sync_to_async
+from django.utils import timezone
+
+from workbench.models import ApiKey, hash_key
+
+_LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+def api_key_from_headers(headers: Mapping[str, str]) -> ApiKey | None:
+    raw = headers.get("x-api-key") or ""
+    authorization = headers.get("authorization") or ""
+    if not raw and authorization[:7].lower() == "bearer ":
+        raw = authorization[7:].strip()
+    if not raw:
+        return None
+    key = ApiKey.objects.filter(key_hash=hash_key(raw), revoked_at__isnull=True).first()
+    if key is not None:
+        now = timezone.now()
+        if key.last_used_at is None or now - key.last_used_at > _LAST_USED_RESOLUTION:
+            ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+    return key
+
+
+class _ApiKeyMiddleware:
+    """Puts `scope["api_key"]` on WebSocket scopes that carry a valid key header."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        headers = {name.decode("latin1").lower(): value.decode("latin1") for name, value in scope.get("headers", [])}
+        scope = dict(scope, api_key=await database_sync_to_async(api_key_from_headers)(headers))
+        return await self.inner(scope, receive, send)
+
+
+def ApiKeyOrSessionAuthMiddleware(inner: Any) -> Any:  # noqa: N802 - named like Channels' own stacks
+    return AuthMiddlewareStack(_ApiKeyMiddleware(inner))
+
+
+def scope_is_authenticated(scope: Mapping[str, Any]) -> bool:
+    user = scope.get("user")
+    return scope.get("api_key") is not None or bool(user is not None and user.is_authenticated and user.is_staff)

@@ -1,0 +1,30 @@
+from django.contrib import admin
+from django.urls import path
+
+import harness.api as agents
+import sandboxes.api as environments
+import sessions.api as sessions
+from workbench import views
+
+v1 = [
+    path("v1/agents", agents.collection),
+    path("v1/agents/<str:agent_id>", agents.item),
+    path("v1/agents/<str:agent_id>/archive", agents.archive),
+    path("v1/agents/<str:agent_id>/versions", agents.versions),
+    path("v1/environments", environments.collection),
+    path("v1/environments/<str:environment_id>", environments.item),
+    path("v1/environments/<str:environment_id>/archive", environments.archive),
+    path("v1/sessions", sessions.collection),
+    path("v1/sessions/<str:session_id>", sessions.item),
+    path("v1/sessions/<str:session_id>/archive", sessions.archive),
+    path("v1/sessions/<str:session_id>/events", sessions.events),
+    path("v1/sessions/<str:session_id>/events/stream", sessions.stream),
+]
+
+urlpatterns = [
+    *v1,
+    path("v1/<path:rest>", views.api_not_found),
+    path("admin/", admin.site.urls),
+    path("healthz", views.healthz),
+    path("", views.home, name="home"),
+]

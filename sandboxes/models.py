@@ -12,7 +12,7 @@ class Environment(models.Model):
 
     id = models.CharField(primary_key=True, max_length=40, default=partial(new_id, "env"), editable=False)
     name = models.CharField(max_length=255)
-    description = models.TextField(null=True, blank=True)
+    description = models.TextField(null=True, blank=True)  # noqa: DJ001 - the API tells null from ""
     metadata = models.JSONField(default=dict, blank=True)
     scope = models.CharField(max_length=20, default="organization")
     config = models.JSONField(default=dict)

@@ -18,6 +18,7 @@ if [ -x scripts/build-image.sh ]; then scripts/build-image.sh; fi
 echo "== lint (ruff)"
 .venv/bin/ruff check .
 
+export CONN_MAX_AGE=0
 status=0
 echo "== the whole suite on PostgreSQL ($DATABASE_URL)"
 .venv/bin/pytest "$@" || status=$?

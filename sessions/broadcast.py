@@ -74,18 +74,17 @@ class _Publisher:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        asyncio.run(self._serve())
-
-    async def _serve(self) -> None:
+        # A plain daemon thread that blocks on the queue and drives its own loop only to send: no
+        # executor threads, which would keep the process from exiting.
+        loop = asyncio.new_event_loop()
         layer = channel_layers.make_backend("default")
-        loop = asyncio.get_running_loop()
         while True:
-            item = await loop.run_in_executor(None, self._queue.get)
+            item = self._queue.get()
             if item is None:
                 return
             group, message = item
             try:
-                await layer.group_send(group, message)
+                loop.run_until_complete(layer.group_send(group, message))
             except Exception:  # noqa: BLE001 - a lost hint is repaired by readers; log and go on
                 logger.warning("broadcast to %s failed; readers will catch up from the log", group, exc_info=True)
 

@@ -8,26 +8,11 @@ from workbench.api.errors import InvalidRequest
 from workbench.api.validation import expect, no_unknown_fields, text
 
 MANAGED_AGENTS_TYPES = frozenset(
-    """
-    user.message user.interrupt user.tool_confirmation user.custom_tool_result user.tool_result user.define_outcome
-    system.message agent.message agent.thinking agent.tool_use agent.tool_result agent.mcp_tool_use
-    agent.mcp_tool_result agent.custom_tool_use agent.thread_message_received agent.thread_message_sent
-    agent.thread_context_compacted session.status_running session.status_idle session.status_rescheduled
-    session.status_terminated session.error session.thread_created session.thread_status_running
-    session.thread_status_idle session.thread_status_rescheduled session.thread_status_terminated session.updated
-    session.usage session.deleted span.model_request_start span.model_request_end span.outcome_evaluation_start
-    span.outcome_evaluation_ongoing span.outcome_evaluation_end workflow_run.created workflow_run.status_running
-    workflow_run.status_idle workflow_run.status_ended workflow_run.error workflow_run.phase_started
-    workflow_run.phase_ended
-    """.split()
+    ["user.message", "user.interrupt", "user.tool_confirmation", "user.custom_tool_result", "user.tool_result", "user.define_outcome", "system.message", "agent.message", "agent.thinking", "agent.tool_use", "agent.tool_result", "agent.mcp_tool_use", "agent.mcp_tool_result", "agent.custom_tool_use", "agent.thread_message_received", "agent.thread_message_sent", "agent.thread_context_compacted", "session.status_running", "session.status_idle", "session.status_rescheduled", "session.status_terminated", "session.error", "session.thread_created", "session.thread_status_running", "session.thread_status_idle", "session.thread_status_rescheduled", "session.thread_status_terminated", "session.updated", "session.usage", "session.deleted", "span.model_request_start", "span.model_request_end", "span.outcome_evaluation_start", "span.outcome_evaluation_ongoing", "span.outcome_evaluation_end", "workflow_run.created", "workflow_run.status_running", "workflow_run.status_idle", "workflow_run.status_ended", "workflow_run.error", "workflow_run.phase_started", "workflow_run.phase_ended"]
 )
 # Workbench's own event types, each under a prefix of its own (listed in the README's event table).
 WORKBENCH_TYPES = frozenset(
-    """
-    brain.lease_acquired brain.lease_released brain.harness_switched brain.recovered brain.parked
-    sandbox.provisioned sandbox.attached sandbox.detached sandbox.failed sandbox.terminated
-    fork.created
-    """.split()
+    ["brain.lease_acquired", "brain.lease_released", "brain.harness_switched", "brain.recovered", "brain.parked", "sandbox.provisioned", "sandbox.attached", "sandbox.detached", "sandbox.failed", "sandbox.terminated", "fork.created"]
 )
 KNOWN_TYPES = MANAGED_AGENTS_TYPES | WORKBENCH_TYPES
 

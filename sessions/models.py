@@ -22,7 +22,7 @@ class Session(models.Model):
     agent_version = models.PositiveIntegerField()
     agent_snapshot = models.JSONField(help_text="The resolved agent this session runs.")
     environment = models.ForeignKey("sandboxes.Environment", on_delete=models.PROTECT, related_name="sessions")
-    title = models.CharField(max_length=500, null=True, blank=True)
+    title = models.CharField(max_length=500, null=True, blank=True)  # noqa: DJ001 - the API tells null from ""
     metadata = models.JSONField(default=dict, blank=True)
     resources = models.JSONField(default=list, blank=True)
     vault_ids = models.JSONField(default=list, blank=True)
@@ -71,7 +71,7 @@ class Event(models.Model):
     type = models.CharField(max_length=64)
     payload = models.JSONField(default=dict)
     processed_at = models.DateTimeField()
-    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 - NULLs stay out of the unique key
     lease_epoch = models.BigIntegerField(null=True, blank=True)
 
     objects = EventQuerySet.as_manager()

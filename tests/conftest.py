@@ -120,8 +120,8 @@ def session_id(db: Any) -> str:
 
 @pytest.fixture
 def redis_url() -> str:
-    from django.conf import settings
     import redis
+    from django.conf import settings
 
     try:
         redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1).ping()

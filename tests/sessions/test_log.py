@@ -82,9 +82,8 @@ def test_postgres_trigger_refuses_raw_updates_and_deletes(session_id):
     event = emit_event(session_id, message("fixed"))
     for sql in ("UPDATE agent_sessions_event SET type = 'x' WHERE id = %s",
                 "DELETE FROM agent_sessions_event WHERE id = %s"):
-        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(sql, [event.pk])
+        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(sql, [event.pk])
     assert Event.objects.get(pk=event.pk).type == "system.message"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from workbench.api.errors import InvalidRequest
@@ -32,3 +33,106 @@ def _positive(value: dict[str, Any], key: str, default: int) -> int:
     if not isinstance(number, int) or isinstance(number, bool) or number < 1:
         raise InvalidRequest(f"'context.{key}' must be a positive integer, not {number!r}.")
     return number
+
+
+def _blocks(content: Any) -> list[dict[str, Any]]:
+    return [block for block in content or [] if block.get("type") != "redacted"]
+
+
+def _result_block(event: Any, key: str) -> dict[str, Any]:
+    content = [b for b in _blocks(event.payload.get("content")) if b.get("type") in ("text", "image", "document",
+                                                                                     "search_result")]
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": event.payload[key],
+                             "content": content or [{"type": "text", "text": "(no output)"}]}
+    if event.payload.get("is_error"):
+        block["is_error"] = True
+    return block
+
+
+def messages_from_events(events: Iterable[Any], *, prefix: str | None = None) -> list[dict[str, Any]]:
+    """The Messages API conversation the log describes: user turns, assistant turns, tool results.
+
+    Tool call ids are the ids of their `agent.tool_use` events. Consecutive blocks of one role merge.
+    """
+    messages: list[dict[str, Any]] = []
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if not blocks:
+            return
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"].extend(blocks)
+        else:
+            messages.append({"role": role, "content": list(blocks)})
+
+    if prefix:
+        add("user", [{"type": "text", "text": prefix}])
+    for event in events:
+        kind, payload = event.type, event.payload
+        if kind == "user.message":
+            add("user", _blocks(payload.get("content")))
+        elif kind == "system.message":
+            add("user", [{"type": "text", "text": "[system] " + b.get("text", "")}
+                         for b in _blocks(payload.get("content"))])
+        elif kind == "user.define_outcome":
+            add("user", [{"type": "text", "text": f"Outcome to reach: {payload.get('description', '')}"}])
+        elif kind == "agent.message":
+            add("assistant", _blocks(payload.get("content")))
+        elif kind in ("agent.tool_use", "agent.custom_tool_use"):
+            add("assistant", [{"type": "tool_use", "id": event.uid, "name": payload["name"],
+                               "input": payload.get("input", {})}])
+        elif kind in ("agent.tool_result", "user.tool_result"):
+            add("user", [_result_block(event, "tool_use_id")])
+        elif kind == "user.custom_tool_result":
+            add("user", [_result_block(event, "custom_tool_use_id")])
+    return _well_formed(messages)
+
+
+def _well_formed(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop what a window cut in half: results whose call fell outside it, and calls left unanswered."""
+    called = {b["id"] for m in messages if m["role"] == "assistant" for b in m["content"] if b["type"] == "tool_use"}
+    answered = {b["tool_use_id"] for m in messages if m["role"] == "user" for b in m["content"]
+                if b["type"] == "tool_result"}
+    cleaned = []
+    for message in messages:
+        blocks = [b for b in message["content"]
+                  if not (b["type"] == "tool_result" and b["tool_use_id"] not in called)
+                  and not (b["type"] == "tool_use" and b["id"] not in answered and message is not messages[-1])]
+        if blocks:
+            if cleaned and cleaned[-1]["role"] == message["role"]:
+                cleaned[-1]["content"].extend(blocks)
+            else:
+                cleaned.append({"role": message["role"], "content": blocks})
+    while cleaned and cleaned[0]["role"] != "user":
+        cleaned.pop(0)
+    return cleaned
+
+
+def context_events(session_id: str, strategy: dict[str, Any], events: list[Any]) -> tuple[list[Any], str | None]:
+    """The slice of the log a strategy shows the model, and any summary prefix. The log is not changed."""
+    if strategy["type"] == "window":
+        from sessions.selectors import get_events
+
+        return get_events(session_id, -strategy["last_events"]), None
+    if strategy["type"] == "compaction":
+        compacted = [e for e in events if e.type == "agent.thread_context_compacted" and e.payload.get("summary")]
+        if compacted:
+            last = compacted[-1]
+            through = last.payload["through_seq"]
+            return [e for e in events if e.seq > through], "Summary of the conversation so far:\n" + last.payload[
+                "summary"]
+    return events, None
+
+
+def needs_compaction(strategy: dict[str, Any], events: list[Any]) -> int | None:
+    """The seq to compact through when the uncompacted tail has grown past the trigger, else None."""
+    if strategy["type"] != "compaction":
+        return None
+    compacted = [e for e in events if e.type == "agent.thread_context_compacted" and e.payload.get("summary")]
+    start = compacted[-1].payload["through_seq"] if compacted else -1
+    tail = [e for e in events if e.seq > start]
+    if len(tail) <= strategy["trigger_events"]:
+        return None
+    # Cut just before a user message so no tool call is split from its result.
+    kept = tail[len(tail) - strategy["keep_events"]:]
+    first_user = next((e for e in kept if e.type == "user.message"), None)
+    return None if first_user is None else first_user.seq - 1

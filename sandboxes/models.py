@@ -26,3 +26,31 @@ class Environment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.id})"
+
+
+class Sandbox(models.Model):
+    """One hand: an execution environment instance, held by at most one session at a time."""
+
+    class Status(models.TextChoices):
+        PROVISIONING = "provisioning"
+        READY = "ready"
+        DEAD = "dead"
+        TERMINATED = "terminated"
+
+    id = models.CharField(primary_key=True, max_length=40, default=partial(new_id, "sbx"), editable=False)
+    environment = models.ForeignKey(Environment, on_delete=models.PROTECT, related_name="sandboxes")
+    session = models.ForeignKey("agent_sessions.Session", null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="sandboxes")
+    name = models.CharField(max_length=64, default="main")
+    provider = models.CharField(max_length=32)
+    handle = models.CharField(max_length=200, blank=True, default="")
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PROVISIONING)
+    labels = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id}, {self.status})"

@@ -35,6 +35,8 @@ class Session(models.Model):
     lease_epoch = models.BigIntegerField(default=0)
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Wakes that took the lease and have not yet reached a clean release: a crash counter.
+    wake_attempts = models.PositiveIntegerField(default=0)
     forked_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks")
     forked_at_seq = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)

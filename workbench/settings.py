@@ -129,3 +129,31 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }
+
+# The model. Without ANTHROPIC_API_KEY the brains talk to the offline model (`make run` starts it).
+ANTHROPIC_API_KEY = env("ANTHROPIC_API_KEY", default="")
+OFFLINE_MODEL_URL = env("OFFLINE_MODEL_URL", default="http://127.0.0.1:8765")
+ANTHROPIC_BASE_URL = env("ANTHROPIC_BASE_URL", default="" if ANTHROPIC_API_KEY else OFFLINE_MODEL_URL)
+MODEL_MAX_TOKENS = env.int("MODEL_MAX_TOKENS", default=4096)
+MODEL_TIMEOUT_SECONDS = env.float("MODEL_TIMEOUT_SECONDS", default=600.0)
+# Overloaded and rate-limited model requests are retried this many times, backing off from the base.
+MODEL_RETRIES = env.int("MODEL_RETRIES", default=4)
+MODEL_RETRY_BASE_SECONDS = env.float("MODEL_RETRY_BASE_SECONDS", default=0.5)
+
+# A brain's lease on a session lasts this long unless renewed (it renews a third of the way in); the
+# sweeper runs every SWEEP_SECONDS and re-wakes sessions whose lease expired with work pending.
+LEASE_SECONDS = env.float("LEASE_SECONDS", default=10.0)
+SWEEP_SECONDS = env.float("SWEEP_SECONDS", default=2.0)
+# A session whose wakes die this many times in a row is parked with a session.error.
+WAKE_CRASH_LIMIT = env.int("WAKE_CRASH_LIMIT", default=3)
+# How often a working brain looks for a user.interrupt (seconds).
+INTERRUPT_POLL_SECONDS = env.float("INTERRUPT_POLL_SECONDS", default=0.2)
+TOOL_TIMEOUT_SECONDS = env.float("TOOL_TIMEOUT_SECONDS", default=120.0)
+
+CELERY_BEAT_SCHEDULE = {
+    "sweep-sessions": {"task": "harness.tasks.sweep", "schedule": SWEEP_SECONDS},
+}
+
+# Sandboxes: "docker" (hardened containers) or "local" (bubblewrap); see sandboxes/providers.
+SANDBOX_PROVIDER = env("SANDBOX_PROVIDER", default="docker")
+SANDBOX_IMAGE = env("SANDBOX_IMAGE", default="workbench-sandbox:latest")

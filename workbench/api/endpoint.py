@@ -18,7 +18,13 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from workbench.api.errors import ApiError, AuthenticationFailed, InvalidRequest, MethodNotAllowed, PayloadTooLarge
+from workbench.api.errors import (
+    ApiError,
+    AuthenticationFailed,
+    InvalidRequest,
+    MethodNotAllowed,
+    PayloadTooLarge,
+)
 from workbench.auth import api_key_from_headers
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,106 @@
+"""What every harness shares: the Protocol, and the decision rules of a tool-use loop over the log."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from harness.fold import SessionState, ToolCall
+from harness.harnesses.steps import (
+    AwaitAction,
+    CallModel,
+    CloseCall,
+    CloseOrphanRequest,
+    EndTurn,
+    Recover,
+    RunTool,
+)
+from harness.tools import Tool
+
+if TYPE_CHECKING:
+    from harness.brain import Brain
+
+
+class Step(Protocol):
+    def run(self, brain: Brain) -> None: ...
+
+
+class Harness(Protocol):
+    """Given the session's state and access to its log, the next step, or None when idle."""
+
+    name: str
+
+    def next_step(self, state: SessionState, brain: Brain) -> Step | None: ...
+
+
+class ToolUseHarness:
+    """The loop: answer inputs with a model call, run the calls it makes, repeat until it ends its turn."""
+
+    name = "base"
+
+    def __init__(self, agent: dict[str, Any]):
+        self.agent = agent
+
+    def tools(self) -> dict[str, Tool]:
+        raise NotImplementedError
+
+    def system(self) -> str | None:
+        return self.agent.get("system")
+
+    def extra_calls(self, calls: list[ToolCall]) -> list[ToolCall]:
+        """Calls of one response this harness will not run (none, unless it limits actions per turn)."""
+        return []
+
+    def next_step(self, state: SessionState, brain: Brain) -> Step | None:
+        tools = self.tools()
+        if state.open_request is not None and state.open_request.lease_epoch != brain.epoch:
+            return CloseOrphanRequest(state.open_request)
+        interrupt = state.pending_interrupt
+        if interrupt is not None:
+            return EndTurn(close=[c for c in state.unanswered if not c.custom])
+        unanswered = state.unanswered
+        refused = {c.id for c in self.extra_calls(unanswered)}
+        waiting: list[str] = []
+        for call in unanswered:
+            if call.custom:
+                waiting.append(call.id)
+                continue
+            tool = tools.get(call.use.payload["name"])
+            if call.id in refused:
+                return CloseCall(call, f"{self.name} runs one action per turn; this call was not run.")
+            if tool is not None and tool.permission == "ask" and call.confirmation is None:
+                waiting.append(call.id)
+                continue
+            if call.confirmation is not None and call.confirmation.payload.get("result") == "deny":
+                message = call.confirmation.payload.get("deny_message") or "The user denied this tool call."
+                return CloseCall(call, message)
+            if state.earlier_brain_may_have_run(call, brain.epoch):
+                return Recover(call, tool)
+            return RunTool(call, tool)
+        if waiting:
+            last = state.last_idle
+            already = (last is not None and last.seq > max(state.calls[i].use.seq for i in waiting)
+                       and last.payload.get("stop_reason", {}).get("event_ids") == waiting)
+            return None if already else AwaitAction(waiting)
+        if state.pending_inputs or (state.last_response_calls and not _idle_after_response(state)):
+            return CallModel(self.agent, tools, self.system())
+        if state.last_response_end is not None and not _idle_after_response(state):
+            return EndTurn(reason=_stop_reason(state))
+        return None
+
+
+def pending(state: SessionState) -> bool:
+    """Whether the log shows work a brain should pick up (what the sweeper and a releasing brain ask)."""
+    runnable = [c for c in state.unanswered if not c.custom and (
+        c.use.payload.get("evaluated_permission") != "ask" or c.confirmation is not None)]
+    return bool(state.pending_inputs or state.pending_interrupt or state.open_request or runnable
+                or (state.last_response_end is not None and not _idle_after_response(state)))
+
+
+def _idle_after_response(state: SessionState) -> bool:
+    return state.last_idle is not None and state.last_response_end is not None and (
+        state.last_idle.seq > state.last_response_end.seq)
+
+
+def _stop_reason(state: SessionState) -> str:
+    reason = state.last_response_end.payload.get("stop_reason") if state.last_response_end else None
+    return "refusal" if reason == "refusal" else "end_turn"

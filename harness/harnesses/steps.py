@@ -1,0 +1,214 @@
+"""The steps a harness can ask a brain to take. Each writes its outcome to the log before it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+
+from harness.context import context_events, messages_from_events
+from harness.fold import ToolCall
+from harness.model import Cancelled, ModelError, stream_response
+from harness.tools import SAFE_TO_REPEAT, Tool, input_problem
+from sessions.broadcast import publish_preview
+from workbench.ids import new_id
+
+if TYPE_CHECKING:
+    from harness.brain import Brain
+
+
+def _running(brain: Brain) -> None:
+    if brain.state.status != "running":
+        brain.emit({"type": "session.status_running"})
+
+
+def _text(text: str) -> list[dict[str, str]]:
+    return [{"type": "text", "text": text}]
+
+
+@dataclass
+class CallModel:
+    """One model request built from the log by the agent's context strategy, retried when it may be."""
+
+    agent: dict[str, Any]
+    tools: dict[str, Tool]
+    system: str | None
+
+    def run(self, brain: Brain) -> None:
+        _running(brain)
+        for attempt in range(settings.MODEL_RETRIES + 1):
+            try:
+                return self._attempt(brain)
+            except ModelError as error:
+                last = attempt == settings.MODEL_RETRIES or not error.retryable
+                brain.emit({"type": "session.error", "error": {
+                    "type": error.kind, "message": error.message,
+                    "retry_status": {"type": ("exhausted" if error.retryable else "terminal") if last
+                                     else "retrying"}}})
+                if last:
+                    reason = "retries_exhausted" if error.retryable else "end_turn"
+                    brain.emit({"type": "session.status_idle", "stop_reason": {"type": reason},
+                                "through_seq": brain.state.last_seq})
+                    return None
+                delay = min(settings.MODEL_RETRY_BASE_SECONDS * 2**attempt, 30.0)
+                if brain.interrupted.wait(delay):
+                    raise Cancelled() from None
+        return None
+
+    def _attempt(self, brain: Brain) -> None:
+        events, prefix = context_events(brain.session_id, self.agent.get("context") or {"type": "full"},
+                                        brain.events)
+        request: dict[str, Any] = {
+            "model": self.agent["model"]["id"],
+            "max_tokens": settings.MODEL_MAX_TOKENS,
+            "messages": messages_from_events(events, prefix=prefix),
+        }
+        if self.system:
+            request["system"] = self.system
+        if self.tools:
+            request["tools"] = [tool.definition for tool in self.tools.values()]
+        start = brain.emit({"type": "span.model_request_start", "through_seq": brain.state.last_seq})
+        message_id = new_id("sevt")
+        started: set[int] = set()
+
+        def on_text(index: int, fragment: str) -> None:
+            if not started:
+                publish_preview(brain.session_id, start.seq, {"type": "event_start", "event": {
+                    "type": "agent.message", "id": message_id}}, event_type="agent.message")
+            started.add(index)
+            publish_preview(brain.session_id, start.seq, {"type": "event_delta", "event_id": message_id, "delta": {
+                "type": "content_delta", "index": len(started) - 1, "content": {"type": "text", "text": fragment}}},
+                event_type="agent.message")
+
+        brain.begin_cancellable()
+        try:
+            response = stream_response(request, on_text=on_text, cancelled=brain.interrupted,
+                                       register_cancel=brain.set_cancel_hook)
+        except (ModelError, Cancelled) as failure:
+            brain.emit({"type": "span.model_request_end", "model_request_start_id": start.uid, "is_error": True,
+                        "model_usage": {}, "error": getattr(failure, "message", "interrupted")},
+                       key=f"{start.uid}:end")
+            raise
+        self._record(brain, start, message_id, response)
+
+    def _record(self, brain: Brain, start: Any, message_id: str, response: Any) -> None:
+        """The whole response in one transaction, before any tool runs."""
+        items: list[tuple[dict[str, Any], str | None]] = []
+        texts = [b for b in response.blocks if b["type"] == "text"]
+        for i, block in enumerate(b for b in response.blocks if b["type"] == "thinking"):
+            items.append(({"type": "agent.thinking", "thinking": block["thinking"], "signature": block["signature"]},
+                          f"{start.uid}:thinking:{i}"))
+        if texts:
+            items.append(({"type": "agent.message", "id": message_id, "content": texts}, f"{start.uid}:message"))
+        for i, block in enumerate(b for b in response.blocks if b["type"] == "tool_use"):
+            tool = self.tools.get(block["name"])
+            if tool is not None and tool.kind == "custom":
+                items.append(({"type": "agent.custom_tool_use", "name": block["name"], "input": block["input"]},
+                              f"{start.uid}:tool:{i}"))
+            else:
+                permission = tool.permission if tool else "allow"
+                items.append(({"type": "agent.tool_use", "name": block["name"], "input": block["input"],
+                               "evaluated_permission": permission,
+                               "evaluation": {"type": "always_ask" if permission == "ask" else "always_allow"}},
+                              f"{start.uid}:tool:{i}"))
+        items.append(({"type": "span.model_request_end", "model_request_start_id": start.uid, "is_error": False,
+                       "stop_reason": response.stop_reason, "model_usage": response.usage}, f"{start.uid}:end"))
+        brain.emit_many(items)
+
+
+@dataclass
+class RunTool:
+    call: ToolCall
+    tool: Tool | None
+    recovering: bool = False
+
+    def run(self, brain: Brain) -> None:
+        from sandboxes.hands import execute
+
+        _running(brain)
+        name, value = self.call.use.payload["name"], dict(self.call.use.payload.get("input") or {})
+        if self.tool is None:
+            return _finish(brain, self.call, f"Unknown tool {name!r}: this agent has no such tool.", True)
+        problem = input_problem(self.tool.definition["input_schema"], value)
+        if problem:
+            return _finish(brain, self.call, f"Invalid input for {name}: {problem}.", True)
+        brain.begin_cancellable()
+        text, is_error = execute(brain.session_id, name, value, emit=brain.emit, cancelled=brain.cancelled)
+        if brain.interrupted.is_set():
+            text, is_error = f"Interrupted by the user. {text}".strip(), True
+        if self.recovering:
+            text = f"[re-run after the previous worker stopped during this call]\n{text}"
+        return _finish(brain, self.call, text, is_error)
+
+
+def _finish(brain: Brain, call: ToolCall, text: str, is_error: bool) -> None:
+    brain.emit({"type": "agent.tool_result", "tool_use_id": call.id, "content": _text(text), "is_error": is_error},
+               key=f"{call.id}:result")
+
+
+@dataclass
+class CloseCall:
+    """Answer a call without running it: denied, unverified after a crash, or cut by an interrupt."""
+
+    call: ToolCall
+    text: str
+
+    def run(self, brain: Brain) -> None:
+        _finish(brain, self.call, self.text, True)
+
+
+@dataclass
+class CloseOrphanRequest:
+    """A model request a dead brain started and never finished: close it, then ask again."""
+
+    start: Any
+
+    def run(self, brain: Brain) -> None:
+        brain.emit({"type": "span.model_request_end", "model_request_start_id": self.start.uid, "is_error": True,
+                    "model_usage": {}, "error": "the worker stopped during this request"},
+                   key=f"{self.start.uid}:end")
+        brain.emit({"type": "brain.recovered", "closed_model_request": self.start.uid,
+                    "previous_epoch": self.start.lease_epoch})
+
+
+@dataclass
+class AwaitAction:
+    event_ids: list[str]
+
+    def run(self, brain: Brain) -> None:
+        brain.emit({"type": "session.status_idle", "stop_reason": {"type": "requires_action",
+                                                                   "event_ids": self.event_ids},
+                    "through_seq": brain.state.last_seq})
+
+
+@dataclass
+class EndTurn:
+    reason: str = "end_turn"
+    close: list[ToolCall] = field(default_factory=list)
+
+    def run(self, brain: Brain) -> None:
+        for call in self.close:
+            _finish(brain, call, "Interrupted by the user before this call ran.", True)
+        brain.emit({"type": "session.usage", "usage": dict(brain.state.usage)})
+        brain.emit({"type": "session.status_idle", "stop_reason": {"type": self.reason},
+                    "through_seq": brain.state.last_seq})
+
+
+@dataclass
+class Recover:
+    """A call a dead brain may have started: re-run it if that is safe, else say its effect is unverified."""
+
+    call: ToolCall
+    tool: Tool | None
+
+    def run(self, brain: Brain) -> None:
+        name = self.call.use.payload["name"]
+        brain.emit({"type": "brain.recovered", "tool_use_id": self.call.id, "tool": name,
+                    "action": "re-run" if name in SAFE_TO_REPEAT else "closed"})
+        if name in SAFE_TO_REPEAT and self.tool is not None:
+            return RunTool(self.call, self.tool, recovering=True).run(brain)
+        return CloseCall(self.call, (
+            f"The worker running this {name} call stopped before it finished. Its effect is unverified: it may "
+            "or may not have happened. Check the state before repeating it.")).run(brain)
+

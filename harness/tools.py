@@ -1,0 +1,83 @@
+"""The tools a brain offers the model, how their input is checked, and who runs them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+TOOLSET_SCHEMAS: dict[str, dict[str, Any]] = {
+    "bash": {"description": "Run a command in a persistent bash shell in the sandbox.",
+             "input_schema": {"type": "object", "properties": {
+                 "command": {"type": "string"}, "restart": {"type": "boolean"}, "timeout_ms": {"type": "integer"}}}},
+    "read": {"description": "Read a file, with line numbers; view_range [start, end] picks lines.",
+             "input_schema": {"type": "object", "required": ["file_path"], "properties": {
+                 "file_path": {"type": "string"}, "view_range": {"type": "array", "items": {"type": "integer"}}}}},
+    "write": {"description": "Write a file, replacing its contents.",
+              "input_schema": {"type": "object", "required": ["file_path", "content"], "properties": {
+                  "file_path": {"type": "string"}, "content": {"type": "string"}}}},
+    "edit": {"description": "Replace old_string by new_string in a file (all occurrences with replace_all).",
+             "input_schema": {"type": "object", "required": ["file_path", "old_string", "new_string"], "properties": {
+                 "file_path": {"type": "string"}, "old_string": {"type": "string"}, "new_string": {"type": "string"},
+                 "replace_all": {"type": "boolean"}}}},
+    "glob": {"description": "List files matching a glob pattern.",
+             "input_schema": {"type": "object", "required": ["pattern"], "properties": {
+                 "pattern": {"type": "string"}, "path": {"type": "string"}}}},
+    "grep": {"description": "Search file contents for a regular expression.",
+             "input_schema": {"type": "object", "required": ["pattern"], "properties": {
+                 "pattern": {"type": "string"}, "path": {"type": "string"}}}},
+}
+# Running these twice has the effect of running them once, so recovery may re-run them.
+SAFE_TO_REPEAT = frozenset({"read", "glob", "grep", "write"})
+_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list,
+               "object": dict}
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    kind: str  # "toolset" (runs in a sandbox) or "custom" (the client runs it)
+    definition: dict[str, Any]
+    permission: str  # "allow" or "ask"
+
+
+def agent_tools(agent: dict[str, Any], *, only: frozenset[str] | None = None) -> dict[str, Tool]:
+    tools: dict[str, Tool] = {}
+    for entry in agent.get("tools") or []:
+        if entry["type"] == "agent_toolset_20260401":
+            for config in entry["configs"]:
+                name = config["name"]
+                if config["enabled"] and name in TOOLSET_SCHEMAS and (only is None or name in only):
+                    policy = config["permission_policy"]["type"]
+                    tools[name] = Tool(name, "toolset", {"name": name, **TOOLSET_SCHEMAS[name]},
+                                       "ask" if policy == "always_ask" else "allow")
+        elif entry["type"] == "custom" and (only is None or entry["name"] in only):
+            tools[entry["name"]] = Tool(entry["name"], "custom", {
+                "name": entry["name"], "description": entry["description"], "input_schema": entry["input_schema"]},
+                "allow")
+    return tools
+
+
+def input_problem(schema: dict[str, Any], value: Any, where: str = "input") -> str | None:
+    """What is wrong with `value` for a JSON schema (the common subset tools use), or None."""
+    expected = schema.get("type")
+    if expected in _JSON_TYPES:
+        kind = _JSON_TYPES[expected]
+        if not isinstance(value, kind) or (expected in ("integer", "number") and isinstance(value, bool)):
+            return f"{where} must be of type {expected}"
+    if isinstance(value, dict):
+        for key in schema.get("required", []):
+            if key not in value:
+                return f"{where} is missing the required field {key!r}"
+        for key, sub in (schema.get("properties") or {}).items():
+            if key in value:
+                problem = input_problem(sub, value[key], f"{where}.{key}")
+                if problem:
+                    return problem
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            problem = input_problem(schema["items"], item, f"{where}[{i}]")
+            if problem:
+                return problem
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{where} must be one of {schema['enum']}"
+    return None

@@ -1,0 +1,260 @@
+"""Benchmark of the sandbox providers: provisioning time and the round trip of one tool call.
+
+    .venv/bin/python bench/sandboxes.py [--provisions 20] [--calls 200]
+
+Prints a table and writes bench/results/sandboxes.json and bench/results/sandboxes.png.
+
+- cold provision: `provision()` of a new container from the image (no pool), p50/p95;
+- provision to first result: `provision()` then the first `execute` of `echo hi` returning;
+- execute vs raw docker exec, measured interleaved in one run: `execute(handle, "bash",
+  {"command": "echo hi"})` against a raw exec of `echo hi` in the same container (exec create,
+  start, inspect: what `docker exec` does), and the overhead of the first over the second pairwise;
+- the same for the local (bubblewrap) provider when bwrap works here.
+
+A warm pool (sandboxes provisioned ahead, handed out on demand) belongs to the Django layer: pass its
+measurement as an extra row, `run(extra_rows=[warm_pool_row])`, where `warm_pool_row()` returns a
+`Row` (see `timed_row`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sandboxes.providers.base import Provider, Resources  # noqa: E402
+from sandboxes.providers.docker import DockerProvider  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+LABELS = {"workbench.sandbox": "bench", "workbench.bench": "sandboxes"}
+TARGET_PROVISION_P50_MS = 500.0
+TARGET_OVERHEAD_P50_MS = 30.0
+
+
+@dataclass
+class Row:
+    name: str
+    samples_ms: list[float] = field(default_factory=list)
+    target_p50_ms: float | None = None
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.samples_ms)
+
+    @property
+    def p95(self) -> float:
+        if len(self.samples_ms) < 2:
+            return self.samples_ms[0]
+        return statistics.quantiles(self.samples_ms, n=20, method="inclusive")[18]
+
+    @property
+    def verdict(self) -> str:
+        if self.target_p50_ms is None:
+            return ""
+        mark = "met" if self.p50 <= self.target_p50_ms else "MISSED"
+        return f"p50 <= {self.target_p50_ms:g} ms: {mark}"
+
+
+def timed_row(
+    name: str, action: Callable[[], object], *, samples: int, target_p50_ms: float | None = None
+) -> Row:
+    """Time `action` `samples` times: the building block for extra rows such as a warm pool's."""
+    row = Row(name, target_p50_ms=target_p50_ms)
+    for _ in range(samples):
+        started = time.perf_counter()
+        action()
+        row.samples_ms.append((time.perf_counter() - started) * 1000)
+    return row
+
+
+def provision_rows(provider: Provider, label: str, *, samples: int) -> list[Row]:
+    cold = Row(
+        f"{label}: cold provision", target_p50_ms=TARGET_PROVISION_P50_MS if label == "docker" else None
+    )
+    first = Row(f"{label}: provision to first result")
+    for _ in range(samples):
+        started = time.perf_counter()
+        handle = provider.provision(Resources(labels=LABELS))
+        provisioned = time.perf_counter()
+        try:
+            provider.execute(handle, "bash", {"command": "echo hi"})
+            answered = time.perf_counter()
+        finally:
+            provider.terminate(handle)
+        cold.samples_ms.append((provisioned - started) * 1000)
+        first.samples_ms.append((answered - started) * 1000)
+    return [cold, first]
+
+
+def docker_call_rows(provider: DockerProvider, *, samples: int) -> list[Row]:
+    """execute() and a raw exec of the same command, interleaved so that both see the same machine."""
+    api = provider.api
+    handle = provider.provision(Resources(labels=LABELS))
+    raw = Row("docker: raw docker exec (echo hi)")
+    execute = Row("docker: execute bash (echo hi)")
+    overhead = Row("docker: execute overhead over raw exec", target_p50_ms=TARGET_OVERHEAD_P50_MS)
+    try:
+        provider.execute(handle, "bash", {"command": "true"})  # the daemon is up: measure calls only
+        for n in range(samples + 5):
+            started = time.perf_counter()
+            exec_id = api.exec_create(handle, ["echo", "hi"])["Id"]
+            assert api.exec_start(exec_id) == b"hi\n"
+            api.exec_inspect(exec_id)
+            middle = time.perf_counter()
+            assert provider.execute(handle, "bash", {"command": "echo hi"}) == "hi"
+            ended = time.perf_counter()
+            if n < 5:  # warm-up
+                continue
+            raw.samples_ms.append((middle - started) * 1000)
+            execute.samples_ms.append((ended - middle) * 1000)
+            overhead.samples_ms.append((ended - middle - (middle - started)) * 1000)
+    finally:
+        provider.terminate(handle)
+    return [raw, execute, overhead]
+
+
+def local_call_rows(provider: Provider, *, samples: int) -> list[Row]:
+    handle = provider.provision(Resources(labels=LABELS))
+    try:
+        provider.execute(handle, "bash", {"command": "true"})
+        return [
+            timed_row(
+                "local: execute bash (echo hi)",
+                lambda: provider.execute(handle, "bash", {"command": "echo hi"}),
+                samples=samples,
+            )
+        ]
+    finally:
+        provider.terminate(handle)
+
+
+def docker_available() -> DockerProvider | None:
+    subprocess.run([ROOT / "scripts" / "start-dockerd.sh"], check=False)
+    subprocess.run([ROOT / "scripts" / "build-image.sh"], check=False)
+    provider = DockerProvider()
+    try:
+        provider.api.inspect_image(Resources().image)
+    except Exception as error:
+        print(f"docker: skipped ({error})", file=sys.stderr)
+        return None
+    return provider
+
+
+def local_available() -> Provider | None:
+    from sandboxes.providers.local import LocalProvider
+
+    if not shutil.which("bwrap"):
+        print("local: skipped (bwrap is not installed)", file=sys.stderr)
+        return None
+    return LocalProvider()
+
+
+def run(*, provisions: int = 20, calls: int = 200, extra_rows: Iterable[Callable[[], Row]] = ()) -> list[Row]:
+    rows: list[Row] = []
+    docker_provider = docker_available()
+    if docker_provider is not None:
+        rows += provision_rows(docker_provider, "docker", samples=provisions)
+        rows += docker_call_rows(docker_provider, samples=calls)
+    local_provider = local_available()
+    if local_provider is not None:
+        rows += provision_rows(local_provider, "local", samples=provisions)
+        rows += local_call_rows(local_provider, samples=calls)
+    rows += [make() for make in extra_rows]
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    lines = [f"{'measurement':<42} {'n':>4} {'p50 ms':>9} {'p95 ms':>9}  target", "-" * 90]
+    lines += [f"{r.name:<42} {len(r.samples_ms):>4} {r.p50:>9.1f} {r.p95:>9.1f}  {r.verdict}" for r in rows]
+    by_name = {row.name: row for row in rows}
+    raw, execute = (
+        by_name.get("docker: raw docker exec (echo hi)"),
+        by_name.get("docker: execute bash (echo hi)"),
+    )
+    if raw and execute:
+        lines.append(
+            f"{'docker: execute / raw exec, ratio of p50s':<42} {'':>4} {execute.p50 / raw.p50:>9.2f}"
+        )
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, object]:
+    docker_version = subprocess.run(
+        ["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "docker": docker_version or None,
+    }
+
+
+def save(rows: list[Row]) -> tuple[Path, Path]:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    data = {
+        "benchmark": "sandboxes",
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
+        "rows": [{**asdict(row), "p50_ms": row.p50, "p95_ms": row.p95} for row in rows],
+    }
+    json_path = RESULTS / "sandboxes.json"
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    png_path = RESULTS / "sandboxes.png"
+    plot(rows, png_path)
+    return json_path, png_path
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    provision = [row for row in rows if "provision" in row.name]
+    calls = [row for row in rows if "provision" not in row.name and "overhead" not in row.name]
+    figure, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    for axis, group, title in ((axes[0], provision, "provisioning"), (axes[1], calls, "one call (echo hi)")):
+        if not group:
+            axis.set_visible(False)
+            continue
+        axis.boxplot([row.samples_ms for row in group], showfliers=True)
+        axis.set_xticks(
+            range(1, len(group) + 1), [row.name.replace(": ", ":\n") for row in group], fontsize=8
+        )
+        axis.set_ylabel("ms")
+        axis.set_title(title)
+        for row in group:
+            if row.target_p50_ms:
+                axis.axhline(row.target_p50_ms, color="tab:red", linestyle="--", linewidth=1)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--provisions", type=int, default=20, help="samples of provisioning (default 20)")
+    parser.add_argument("--calls", type=int, default=200, help="samples of each call (default 200)")
+    args = parser.parse_args()
+    rows = run(provisions=args.provisions, calls=args.calls)
+    print(table(rows))
+    json_path, png_path = save(rows)
+    print(f"\nsaved {json_path.relative_to(ROOT)} and {png_path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

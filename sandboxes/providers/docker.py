@@ -1,0 +1,286 @@
+"""DockerProvider: a sandbox is a hardened container on a Docker engine, driven through the SDK.
+
+A container runs an idle main process (`sleep infinity` under docker's init) and the toolbox daemon,
+which the container's command starts detached. Each `execute` is one `docker exec` of the toolbox
+client, which relays the request to the daemon's unix socket and the reply back: see
+`sandboxes/toolbox/daemon.py` for the protocol. Because the main process is idle, a daemon that dies
+(killed by the model, or by the OOM killer) is restarted by the next call, and the container's files
+survive it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from sandboxes.toolbox.bundle import CLIENT_COMMAND, DAEMON_COMMAND, SANDBOX_PARENT, SANDBOX_UID, archive
+from sandboxes.toolbox.procs import PIDS_LIMIT_ENV
+
+from . import protocol
+from .base import Cancelled, Resources, SandboxError, SandboxGone, ToolFailed
+
+MANAGED_LABEL = "workbench.managed"
+# The daemon detaches; the container's main process then idles (and never holds state).
+CONTAINER_COMMAND = [
+    "/bin/sh",
+    "-c",
+    f"cd {SANDBOX_PARENT} && {' '.join(DAEMON_COMMAND)} --detach; exec sleep infinity",
+]
+# How long a container that lost its call may take to show as stopped in the engine.
+GONE_SETTLE_S = 2.0
+# At the pids limit the engine cannot start the client: retry while the toolbox recovers.
+EXEC_RETRY_S = 5.0
+
+
+class DockerProvider:
+    name = "docker"
+    capabilities = frozenset({"pause", "snapshot"})
+
+    def __init__(self, *, api: docker.APIClient | None = None):
+        self._api = api
+
+    @property
+    def api(self) -> docker.APIClient:
+        if self._api is None:
+            try:
+                self._api = docker.from_env(version="auto").api
+            except docker.errors.DockerException as error:
+                raise SandboxError(f"the Docker engine is not reachable: {error}") from None
+        return self._api
+
+    # -- lifecycle
+
+    def provision(self, resources: Resources) -> str:
+        """Create and start the container; the toolbox daemon starts with it, and the first call waits
+        for it (well under a second)."""
+        network = "bridge" if resources.network else "none"
+        with self._engine():
+            host_config = self.api.create_host_config(
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                pids_limit=resources.pids,
+                mem_limit=f"{resources.memory_mb}m",
+                memswap_limit=f"{resources.memory_mb}m",
+                nano_cpus=int(resources.cpus * 1e9),
+                init=True,
+                network_mode=network,
+            )
+            try:
+                container = self.api.create_container(
+                    resources.image,
+                    command=CONTAINER_COMMAND,
+                    user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+                    working_dir="/workspace",
+                    hostname="sandbox",
+                    environment={**resources.env, PIDS_LIMIT_ENV: str(resources.pids)},
+                    labels={**resources.labels, MANAGED_LABEL: "true"},
+                    host_config=host_config,
+                )
+            except docker.errors.ImageNotFound:
+                raise SandboxError(
+                    f"the image {resources.image} is not on the Docker engine: build it with "
+                    "`make image` (scripts/build-image.sh)"
+                ) from None
+        handle: str = container["Id"]
+        try:
+            with self._engine(handle):
+                self.api.put_archive(handle, "/", archive())
+                self.api.start(handle)
+        except BaseException:
+            with contextlib.suppress(SandboxError):
+                self.terminate(handle)
+            raise
+        return handle
+
+    def is_alive(self, handle: str) -> bool:
+        with self._engine():
+            try:
+                return bool(self.api.inspect_container(handle)["State"]["Running"])
+            except docker.errors.NotFound:
+                return False
+
+    def terminate(self, handle: str) -> None:
+        """Remove the container and its anonymous volumes; nothing happens if it is already gone."""
+        with self._engine():
+            try:
+                self.api.remove_container(handle, force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as error:
+                if error.status_code != 409:  # 409: its removal is already in progress
+                    raise
+
+    def list_handles(self) -> dict[str, dict[str, str]]:
+        with self._engine():
+            containers = self.api.containers(all=True, filters={"label": f"{MANAGED_LABEL}=true"})
+        return {container["Id"]: container.get("Labels") or {} for container in containers}
+
+    def pause(self, handle: str) -> None:
+        with self._engine(handle):
+            self.api.pause(handle)
+
+    def unpause(self, handle: str) -> None:
+        with self._engine(handle):
+            self.api.unpause(handle)
+
+    def snapshot(self, handle: str, *, tag: str | None = None) -> str:
+        """Commit the container's file system to an image and return its reference."""
+        reference = tag or f"workbench-snapshot:{handle[:12]}-{int(time.time())}"
+        repository, _, version = reference.rpartition(":")
+        if not repository or "/" in version:
+            repository, version = reference, "latest"
+        with self._engine(handle):
+            self.api.commit(handle, repository=repository, tag=version, message="workbench sandbox snapshot")
+        return f"{repository}:{version}"
+
+    # -- calls
+
+    def execute(
+        self,
+        handle: str,
+        name: str,
+        input: dict[str, Any],
+        *,
+        timeout_s: float | None = None,
+        cancelled: Cancelled | None = None,
+    ) -> str:
+        request = protocol.build_request(name, input, timeout_s=timeout_s)
+        exec_id, reply, stopped, stderr = self._exchange(handle, request, cancelled)
+        if reply is not None:
+            return protocol.parse_reply(reply)
+        if stopped:
+            raise protocol.interrupted(stopped, request)
+        raise self._lost_call(handle, exec_id, stderr)
+
+    def _exchange(
+        self, handle: str, request: protocol.Request, cancelled: Cancelled | None
+    ) -> tuple[str, bytes | None, str | None, bytes]:
+        """One call through one client: (exec id, the reply if complete, why stopped, stderr)."""
+        exec_id, sock = self._start_client(handle)
+        frames = _Frames()
+        finished, stopped = protocol.exchange(
+            sock, request, cancelled=cancelled, cancel=lambda: self._cancel(handle, request), feed=frames.feed
+        )
+        reply = bytes(frames.stdout) if finished and frames.stdout else None
+        return exec_id, reply, stopped, bytes(frames.stderr)
+
+    def _start_client(self, handle: str) -> tuple[str, socket.socket]:
+        """Start one toolbox client with its stdin attached; retried while the sandbox is at its pids
+        limit (the engine then cannot fork the client), which the toolbox clears within seconds."""
+        give_up = time.monotonic() + EXEC_RETRY_S
+        while True:
+            try:
+                with self._engine(handle):
+                    exec_id = self.api.exec_create(handle, CLIENT_COMMAND, stdin=True)["Id"]
+                    response_socket = self.api.exec_start(exec_id, socket=True)
+                break
+            except SandboxError as error:
+                if isinstance(error, SandboxGone) or not _at_pids_limit(str(error)):
+                    raise
+                if time.monotonic() > give_up:
+                    raise ToolFailed(
+                        "the sandbox is at its process limit and cannot start anything; "
+                        "try again, or restart the shell (bash with restart: true)"
+                    ) from None
+                time.sleep(0.2)
+        # The SDK hands back the socket's file object; its socket allows select and half-close.
+        return exec_id, getattr(response_socket, "_sock", response_socket)
+
+    def _cancel(self, handle: str, request: protocol.Request) -> None:
+        """Ask the toolbox to stop the call (it kills the command's process group)."""
+        with contextlib.suppress(SandboxError, OSError, ToolFailed):
+            _, sock = self._start_client(handle)
+            try:
+                sock.sendall(request.cancel_payload)
+                sock.shutdown(socket.SHUT_WR)
+                sock.settimeout(1.0)
+                while sock.recv(65536):
+                    pass
+            finally:
+                sock.close()
+
+    def _lost_call(self, handle: str, exec_id: str, stderr: bytes) -> SandboxError:
+        """Why a call ended without a reply: the container died (SandboxGone), or the client failed."""
+        settle = time.monotonic() + GONE_SETTLE_S
+        while True:
+            gone = self._gone_reason(handle)
+            if gone:
+                return SandboxGone(gone)
+            if time.monotonic() > settle:
+                break
+            time.sleep(0.05)
+        with self._engine(handle):
+            code = self.api.exec_inspect(exec_id).get("ExitCode")
+        detail = stderr.decode("utf-8", "replace").strip()[-1000:] or "no message"
+        return SandboxError(f"the toolbox client in the sandbox failed (exit code {code}): {detail}")
+
+    def _gone_reason(self, handle: str) -> str | None:
+        with self._engine():
+            try:
+                state = self.api.inspect_container(handle)["State"]
+            except docker.errors.NotFound:
+                return "the sandbox container no longer exists (it was removed)"
+        if state.get("Running"):
+            return None
+        code = state.get("ExitCode")
+        if state.get("OOMKilled"):
+            return f"the sandbox container was killed: it ran out of memory (exit {code})"
+        if code == 137:
+            return "the sandbox container was killed (exit 137)"
+        return f"the sandbox container stopped (exit {code})"
+
+    @contextlib.contextmanager
+    def _engine(self, handle: str | None = None) -> Iterator[None]:
+        """Turn the SDK's errors into the provider's: gone, paused, refused, unreachable."""
+        try:
+            yield
+        except docker.errors.NotFound as error:
+            if handle is None:
+                raise SandboxError(f"the Docker engine has no such object: {error.explanation}") from None
+            raise SandboxGone(
+                self._gone_reason(handle) or f"the sandbox container {handle[:12]} was not found"
+            ) from None
+        except docker.errors.APIError as error:
+            explanation = str(error.explanation or error)
+            if handle is not None and error.status_code == 409 and "not running" in explanation:
+                raise SandboxGone(self._gone_reason(handle) or explanation) from None
+            if error.status_code == 409 and "paused" in explanation:
+                raise SandboxError("the sandbox is paused: unpause it before calling it") from None
+            raise SandboxError(f"the Docker engine refused: {explanation}") from None
+        except (requests.exceptions.ConnectionError, docker.errors.DockerException) as error:
+            raise SandboxError(f"the Docker engine is not reachable: {error}") from None
+
+
+def _at_pids_limit(message: str) -> bool:
+    return (
+        "resource temporarily unavailable" in message.lower() or "cannot allocate memory" in message.lower()
+    )
+
+
+class _Frames:
+    """Demultiplexes an exec's attached stream: 8-byte headers (stream, size) before each chunk."""
+
+    def __init__(self) -> None:
+        self._pending = bytearray()
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._pending += data
+        while len(self._pending) >= 8:
+            size = int.from_bytes(self._pending[4:8], "big")
+            if len(self._pending) < 8 + size:
+                break
+            target = self.stdout if self._pending[0] == 1 else self.stderr
+            target += self._pending[8 : 8 + size]
+            del self._pending[: 8 + size]
+        if len(self.stdout) > protocol.MAX_REPLY_BYTES:
+            raise SandboxError("the sandbox's toolbox sent a reply larger than any it should")
+        del self.stderr[:-4096]

@@ -1,0 +1,131 @@
+"""What every provider shares: a call's request to the in-sandbox toolbox, its time limits, its reply."""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sandboxes.toolbox import errors as toolbox_errors
+from sandboxes.toolbox.schema import validate
+
+from .base import Cancelled, SandboxError, ToolFailed, ToolInputError
+
+DEFAULT_TIMEOUT_S = 120.0
+MAX_TIMEOUT_S = 3600.0
+# The provider's own deadline comes this much after the limit the sandbox enforces, which needs up
+# to ~3 s to stop a command and ~1 s to start a toolbox daemon that was not running.
+HARD_DEADLINE_GRACE_S = 10.0
+# How often `cancelled()` is asked, and how long a cancelled call may wait for the toolbox to confirm.
+POLL_S = 0.2
+CANCEL_CONFIRM_S = 0.8
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Request:
+    id: str
+    payload: bytes
+    timeout_s: float  # enforced inside the sandbox
+
+    @property
+    def hard_deadline_s(self) -> float:
+        return self.timeout_s + HARD_DEADLINE_GRACE_S
+
+    @property
+    def cancel_payload(self) -> bytes:
+        return json.dumps({"cancel": self.id}).encode()
+
+
+def build_request(name: str, input: dict[str, Any], *, timeout_s: float | None) -> Request:
+    """Validate the input here too (the toolbox does it again): a bad call costs no round trip."""
+    try:
+        values = validate(name, input)
+    except toolbox_errors.InputError as error:
+        raise ToolInputError(str(error)) from None
+    limit = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
+    if values.get("timeout_ms") is not None:
+        if values["timeout_ms"] <= 0:
+            raise ToolInputError("timeout_ms must be a positive number of milliseconds")
+        asked = values["timeout_ms"] / 1000
+        limit = asked if timeout_s is None else min(asked, float(timeout_s))
+    if not 0 < limit <= MAX_TIMEOUT_S:
+        raise ToolInputError(f"the time limit must be more than 0 and at most {MAX_TIMEOUT_S:g} s")
+    call_id = uuid.uuid4().hex[:16]
+    payload = json.dumps({"id": call_id, "tool": name, "input": input, "timeout": limit}).encode()
+    return Request(call_id, payload, limit)
+
+
+def parse_reply(data: bytes) -> str:
+    try:
+        reply = json.loads(data)
+        ok = reply["ok"]
+    except (ValueError, KeyError, TypeError):
+        raise SandboxError(f"the sandbox's toolbox answered something unreadable: {data[:300]!r}") from None
+    if ok:
+        return str(reply.get("output", ""))
+    kind, message = reply.get("error"), str(reply.get("message", "the tool failed"))
+    if kind == "input":
+        raise ToolInputError(message)
+    if kind == "failed":
+        raise ToolFailed(message)
+    raise SandboxError(message)
+
+
+def interrupted(reason: str, request: Request) -> ToolFailed:
+    """The error of a call the provider stopped without the toolbox's word on it."""
+    if reason == "cancelled":
+        return ToolFailed("interrupted: the call was cancelled")
+    return ToolFailed(
+        f"the sandbox did not answer within {request.hard_deadline_s:g} s "
+        f"(the call's limit was {request.timeout_s:g} s); it may be overloaded"
+    )
+
+
+def exchange(
+    sock: socket.socket,
+    request: Request,
+    *,
+    cancelled: Cancelled | None,
+    cancel: Callable[[], None],
+    feed: Callable[[bytes], None],
+) -> tuple[bool, str | None]:
+    """Send the request on a connected stream, then read the reply into `feed` until the other side
+    closes, the caller cancels, or the hard deadline passes.
+
+    On a cancel or at the deadline, `cancel()` asks the toolbox to stop the call, and the reply it
+    then sends (with the output so far) is still read for CANCEL_CONFIRM_S.
+    Returns (whether the reply is complete, why the provider stopped the call or None).
+    """
+    stopped: str | None = None
+    now = time.monotonic()
+    deadline, give_up = now + request.hard_deadline_s, float("inf")
+    try:
+        sock.sendall(request.payload)
+        sock.shutdown(socket.SHUT_WR)
+        while now < give_up:
+            if stopped is None:
+                if cancelled is not None and cancelled():
+                    stopped = "cancelled"
+                elif now > deadline:
+                    stopped = "deadline"
+                if stopped:
+                    cancel()
+                    give_up = time.monotonic() + CANCEL_CONFIRM_S
+            ready, _, _ = select.select([sock], [], [], POLL_S)
+            if ready:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return True, stopped
+                feed(chunk)
+            now = time.monotonic()
+    except OSError:  # the stream broke: the sandbox died under the call
+        pass
+    finally:
+        sock.close()
+    return False, stopped

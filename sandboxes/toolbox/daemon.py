@@ -1,0 +1,223 @@
+"""The toolbox daemon: owns the sandbox's persistent shell and runs the tool calls sent to its socket.
+
+One daemon per sandbox, started with the sandbox (docker: by the container's command, detached; local:
+as the sandbox's main process) and listening on a unix socket in RUNTIME_DIR. A request is one JSON
+object, sent whole before the sender shuts down its side of the connection; the reply is one JSON
+object, after which the daemon closes the connection:
+
+    {"id": "<call id>", "tool": "bash", "input": {...}, "timeout": 120}
+    {"cancel": "<call id>"}
+    -> {"ok": true, "output": "..."}
+    -> {"ok": false, "error": "input" | "failed" | "sandbox", "message": "..."}
+
+Run: cd /opt/workbench && python3 -E -s -m toolbox.daemon [--detach]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import fcntl
+import json
+import os
+import re
+import resource
+import socket
+import sys
+import threading
+import traceback
+from typing import Any
+
+from .call import Call
+from .client import LOCK_PATH, RUNTIME_DIR, SOCKET_PATH
+from .errors import Failed, InputError
+from .files import WORKSPACE
+from .procs import PIDS_LIMIT_ENV, PidsWatchdog, pids_limit
+from .shell import RESET_NOTE, Shell
+from .tools import Toolset
+
+STARTED_PATH = RUNTIME_DIR + "/daemon.started"
+LOG_PATH = RUNTIME_DIR + "/daemon.log"
+CALL_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
+DEFAULT_TIMEOUT_S = 120.0
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+AT_LIMIT = "the sandbox is at its process limit: try again in a moment, or restart the shell (restart: true)"
+
+
+def _error(kind: str, message: str) -> dict[str, Any]:
+    return {"ok": False, "error": kind, "message": message}
+
+
+class Daemon:
+    def __init__(self, toolset: Toolset):
+        self.toolset = toolset
+        self._calls: dict[str, Call] = {}
+        # A cancel can overtake its call (two connections): remember recent ones.
+        self._early_cancels: collections.deque[str] = collections.deque(maxlen=64)
+        self._lock = threading.Lock()
+
+    def serve(self, listener: socket.socket) -> None:
+        while True:
+            conn, _ = listener.accept()
+            try:
+                threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+            except RuntimeError:  # at the process limit no thread can start
+                with conn, contextlib.suppress(OSError, ValueError):
+                    conn.settimeout(1.0)
+                    _receive(conn)
+                    conn.sendall(json.dumps(_error("failed", AT_LIMIT)).encode())
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                reply = self.dispatch(json.loads(_receive(conn)))
+            except ValueError as error:
+                reply = _error("input", f"the request is not valid: {error}")
+            with contextlib.suppress(OSError):  # the caller went away (its exec was stopped)
+                conn.sendall(json.dumps(reply).encode())
+
+    def dispatch(self, request: Any) -> dict[str, Any]:
+        if not isinstance(request, dict):
+            raise ValueError("expected a JSON object")
+        if "cancel" in request:
+            self.cancel(str(request["cancel"]))
+            return {"ok": True, "output": ""}
+        call_id = request.get("id")
+        if not isinstance(call_id, str) or not CALL_ID.fullmatch(call_id):
+            raise ValueError("id must be 1 to 64 letters, digits, - or _")
+        timeout = request.get("timeout") or DEFAULT_TIMEOUT_S
+        if not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ValueError("timeout must be a positive number of seconds")
+        call = Call(call_id, float(timeout))
+        with self._lock:
+            self._calls[call_id] = call
+            if call_id in self._early_cancels:
+                call.cancel.set()
+        try:
+            output = self.toolset.run(str(request.get("tool")), request.get("input"), call)
+            return {"ok": True, "output": output}
+        except InputError as error:
+            return _error("input", str(error))
+        except Failed as error:
+            return _error("failed", str(error))
+        except Exception as error:
+            traceback.print_exc()
+            return _error("failed", f"the toolbox failed: {error!r}")
+        finally:
+            with self._lock:
+                self._calls.pop(call_id, None)
+
+    def cancel(self, call_id: str) -> None:
+        with self._lock:
+            call = self._calls.get(call_id)
+            if call:
+                call.cancel.set()
+            else:
+                self._early_cancels.append(call_id)
+
+
+def _receive(conn: socket.socket) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = conn.recv(1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_REQUEST_BYTES:
+            raise ValueError(f"larger than {MAX_REQUEST_BYTES // (1024 * 1024)} MiB")
+        chunks.append(chunk)
+
+
+def _detach() -> None:
+    """Become a daemon: the launching process returns at once, this one lives on in its own session."""
+    if os.fork():
+        os._exit(0)
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+
+
+def _sandbox_identity() -> str:
+    """The boot and the start time of the sandbox's pid 1: new with each sandbox, kept when only the
+    daemon restarts (also in a container committed to an image and started again)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as file:
+            boot = file.read().strip()
+        with open("/proc/1/stat", "rb") as file:
+            started = file.read().rsplit(b")", 1)[1].split()[19].decode()  # field 22, starttime
+    except OSError:
+        return ""
+    return f"{boot} {started}"
+
+
+def _first_start() -> bool:
+    identity = _sandbox_identity()
+    try:
+        with open(STARTED_PATH) as file:
+            seen = file.read()
+    except FileNotFoundError:
+        seen = ""
+    with open(STARTED_PATH, "w") as file:
+        file.write(identity)
+    return seen != identity
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="toolbox.daemon", description=__doc__.splitlines()[0])
+    parser.add_argument("--detach", action="store_true", help="run in the background, in its own session")
+    parser.add_argument("--max-processes", type=int, help="RLIMIT_NPROC for the daemon and all it starts")
+    parser.add_argument("--max-memory-mb", type=int, help="RLIMIT_AS (per process) for the same")
+    args = parser.parse_args(argv)
+    # Set inside the sandbox's user namespace, RLIMIT_NPROC counts this sandbox's processes only.
+    if args.max_processes:
+        resource.setrlimit(resource.RLIMIT_NPROC, (args.max_processes, args.max_processes))
+    if args.max_memory_mb:
+        limit = args.max_memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    os.makedirs(RUNTIME_DIR, mode=0o700, exist_ok=True)
+    if args.detach:
+        _detach()
+    log = os.open(LOG_PATH, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)  # sys.stderr now writes to the log: tracebacks of the toolbox's own failures
+
+    lock = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0  # another daemon runs (or is starting) in this sandbox
+
+    env = {name: value for name, value in os.environ.items() if name != PIDS_LIMIT_ENV}
+    cwd = WORKSPACE if os.path.isdir(WORKSPACE) else env.get("HOME", "/")
+    shell = Shell(cwd=cwd, env=env)
+    shell.start()
+    if not _first_start():
+        shell.announce(
+            f"[the sandbox's toolbox restarted since the last call, with a new shell: {RESET_NOTE}]"
+        )
+
+    limit = pids_limit()
+    if limit:
+        note = (
+            f"[the sandbox stayed at its process limit ({limit}), so every process started from the "
+            f"shell was killed and a new shell started: {RESET_NOTE}]"
+        )
+        PidsWatchdog(limit, lambda: shell.contain(note)).start()
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(SOCKET_PATH)
+    listener.bind(SOCKET_PATH)
+    os.chmod(SOCKET_PATH, 0o600)
+    listener.listen(64)
+    Daemon(Toolset(shell)).serve(listener)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""The persistent shell of a sandbox: one interactive bash on a pseudo-terminal, kept between calls.
+
+Why a terminal: with one, bash runs each command line as a job in its own process group and tells
+the terminal which group is in the foreground. A call that times out or is cancelled is stopped as by
+Ctrl-C at a keyboard (SIGINT to the foreground group, then SIGKILL), and bash comes back to its prompt
+with its working directory, variables and background jobs intact.
+
+No call's data goes through the terminal: bash sources the command from a file, with stdout and
+stderr redirected into the call's output file and stdin from /dev/null. The terminal carries only the
+prompt, set for each call to a marker holding the call's id and exit status: seeing it means the call
+is over. As on a terminal, a background job that ends while a command runs is announced by bash
+("[1]+ Done ...") in that command's output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .client import RUNTIME_DIR
+from .errors import Failed
+from .output import MAX_OUTPUT_BYTES
+from .procs import kill_session
+
+CALLS_DIR = RUNTIME_DIR + "/calls"
+PROMPT = re.compile(rb"\x1eTB([0-9A-Za-z_-]+):(\d+)\x1f")
+# Escalation when a call must stop: Ctrl-C twice, then SIGKILL of the foreground job, then a new shell.
+INTERRUPT_GRACE_S = 3.0
+SETUP = (
+    "unset HISTFILE PROMPT_COMMAND; set +o history; PS0=; PS2=; "
+    "export PAGER=cat GIT_PAGER=cat GIT_EDITOR=true EDITOR=true VISUAL=true TERM=dumb; "
+)
+RESET_NOTE = "the working directory, variables and background jobs of the old shell are gone"
+
+
+def _prompt(call_id: str) -> str:
+    return f"PS1=$'\\036TB'\"{call_id}:\"'$?'$'\\037'"
+
+
+@dataclass
+class Outcome:
+    exit_code: int | None
+    stopped: str | None = None  # why the call was stopped: "timeout", "cancelled" or "output"
+    notes: list[str] = field(default_factory=list)
+
+
+class _Bash:
+    """One bash process, its terminal, and a thread reading prompts off the terminal."""
+
+    def __init__(self, *, cwd: str, env: dict[str, str]):
+        self.cond = threading.Condition()
+        self.prompts: dict[str, int] = {}
+        self.exited = False
+        self.pid, self.master = os.forkpty()
+        if self.pid == 0:  # the child: only exec from here
+            try:
+                os.chdir(cwd)
+                # Under memory pressure the kernel should kill the command, not the daemon.
+                with open("/proc/self/oom_score_adj", "w") as file:
+                    file.write("500")
+                os.execvpe("bash", ["bash", "--noprofile", "--norc", "--noediting", "-i"], env)
+            finally:
+                os._exit(127)
+        threading.Thread(target=self._read_terminal, name="shell-terminal", daemon=True).start()
+
+    def _read_terminal(self) -> None:
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # EIO: the shell and everything holding the terminal are gone
+                chunk = b""
+            if not chunk:
+                break
+            pending += chunk
+            end = 0
+            with self.cond:
+                for match in PROMPT.finditer(pending):
+                    self.prompts[match.group(1).decode()] = int(match.group(2))
+                    end = match.end()
+                if end:
+                    self.cond.notify_all()
+            pending = pending[end:][-256:]
+        with self.cond:
+            self.exited = True
+            self.cond.notify_all()
+
+    def send(self, line: str) -> None:
+        os.write(self.master, line.encode() + b"\n")
+
+    def wait_prompt(self, call_id: str, timeout_s: float) -> int | None:
+        with self.cond:
+            self.cond.wait_for(lambda: call_id in self.prompts or self.exited, timeout_s)
+            return self.prompts.pop(call_id, None)
+
+    def foreground_group(self) -> int:
+        try:
+            return os.tcgetpgrp(self.master)
+        except OSError:
+            return self.pid
+
+    def reap(self, timeout_s: float = 2.0) -> int | None:
+        """The shell's exit code once it has exited (waiting up to timeout_s), else None."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return None
+            if pid:
+                code = os.waitstatus_to_exitcode(status)
+                return code if code >= 0 else 128 - code  # killed by a signal: as a shell reports it
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        """Kill the shell and every process started from it (its session), then close the terminal."""
+        kill_session(self.pid)
+        self.reap()
+        with contextlib.suppress(OSError):
+            os.close(self.master)
+
+
+class Shell:
+    """The sandbox's bash, started on demand and restarted (saying so) when it dies."""
+
+    def __init__(self, *, cwd: str, env: dict[str, str]):
+        self.cwd = cwd
+        self.env = env
+        self._bash: _Bash | None = None
+        self._busy = threading.Lock()
+        self._announcements: list[str] = []
+
+    def start(self) -> None:
+        bash = _Bash(cwd=self.cwd, env=self.env)
+        bash.send(SETUP + _prompt("ready"))
+        if bash.wait_prompt("ready", 10.0) is None:
+            bash.stop()
+            raise Failed("the shell did not start")
+        self._bash = bash
+
+    def restart(self) -> str:
+        with self._busy:
+            if self._bash:
+                self._bash.stop()
+            self._announcements.clear()
+            self.start()
+        return "[the shell was restarted: " + RESET_NOTE + "]"
+
+    def announce(self, note: str) -> None:
+        """Say `note` with the next command's result (e.g. why the shell is new)."""
+        self._announcements.append(note)
+
+    def contain(self, note: str) -> None:
+        """Kill the shell and all it started (used when the sandbox is at its process limit)."""
+        bash = self._bash
+        if bash:
+            self.announce(note)
+            kill_session(bash.pid)
+
+    def run(
+        self, call_id: str, command: str, *, out_path: str, timeout_s: float, cancel: threading.Event
+    ) -> Outcome:
+        if not self._busy.acquire(timeout=timeout_s):
+            raise Failed(f"the shell stayed busy with another command for {timeout_s:g} s")
+        os.makedirs(CALLS_DIR, mode=0o700, exist_ok=True)
+        script = f"{CALLS_DIR}/{call_id}.sh"
+        try:
+            outcome = Outcome(exit_code=None)
+            self._ensure_running(outcome.notes)
+            outcome.notes += self._announcements
+            self._announcements.clear()
+            bash = self._bash
+            assert bash is not None
+            with open(script, "w") as file:
+                file.write(command + "\n")
+            open(out_path, "wb").close()
+            # `jobs` first: it takes the news of background jobs that ended since the last call,
+            # which bash would otherwise print into this call's output.
+            bash.send(
+                f"{_prompt(call_id)}; jobs >/dev/null 2>&1; {{ . {script} ; }} > {out_path} 2>&1 < /dev/null"
+            )
+            deadline = time.monotonic() + timeout_s
+            while True:
+                status = bash.wait_prompt(call_id, 0.1)
+                if status is not None:
+                    outcome.exit_code = status
+                    return outcome
+                if bash.exited:
+                    outcome.exit_code = self._ended(bash, outcome.notes)
+                    return outcome
+                outcome.stopped = self._reason_to_stop(cancel, deadline, out_path)
+                if outcome.stopped:
+                    outcome.exit_code = self._interrupt(bash, call_id, outcome.notes)
+                    return outcome
+        finally:
+            self._busy.release()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(script)
+
+    def _ensure_running(self, notes: list[str]) -> None:
+        bash = self._bash
+        if bash and not bash.exited:
+            return
+        if bash:
+            code = bash.reap(0)
+            bash.stop()
+            if not self._announcements:  # nothing said yet why the shell ended
+                ended = "ended" if code is None else f"ended (exit code {code})"
+                notes.append(f"[the shell had {ended} and a new one was started: {RESET_NOTE}]")
+        self.start()
+
+    def _ended(self, bash: _Bash, notes: list[str]) -> int | None:
+        """The shell exited during the call (`exit`, `kill $$`, or contained): report, start afresh."""
+        code = bash.reap()
+        bash.stop()
+        self._bash = None
+        if self._announcements:
+            notes += self._announcements
+            self._announcements.clear()
+        else:
+            notes.append(f"[the shell exited; the next command starts a new one: {RESET_NOTE}]")
+        return code
+
+    @staticmethod
+    def _reason_to_stop(cancel: threading.Event, deadline: float, out_path: str) -> str | None:
+        if cancel.is_set():
+            return "cancelled"
+        if time.monotonic() > deadline:
+            return "timeout"
+        try:
+            if os.stat(out_path).st_size > MAX_OUTPUT_BYTES:
+                return "output"
+        except FileNotFoundError:
+            pass
+        return None
+
+    def _interrupt(self, bash: _Bash, call_id: str, notes: list[str]) -> int | None:
+        """Stop the running command, keeping the shell if it comes back to its prompt in time."""
+        deadline = time.monotonic() + INTERRUPT_GRACE_S
+        attempt = 0
+        while time.monotonic() < deadline and not bash.exited:
+            group = bash.foreground_group()
+            # Never SIGKILL the shell's own group: with no job in the foreground, Ctrl-C is enough.
+            sig = signal.SIGKILL if attempt >= 2 and group != bash.pid else signal.SIGINT
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, sig)
+            status = bash.wait_prompt(call_id, 0.5)
+            if status is not None:
+                return status
+            attempt += 1
+        if bash.exited:
+            return self._ended(bash, notes)
+        bash.stop()
+        self._bash = None
+        notes.append(
+            f"[the command did not stop, so the shell was killed; the next command starts a new one: {RESET_NOTE}]"
+        )
+        return None

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Build the default sandbox image without any container registry.
+#
+# mmdebstrap builds a Debian bookworm root file system from the Debian mirror this machine already
+# uses (read from /etc/apt/sources.list*), as a tarball cached under .cache/; `docker import` turns it
+# into the image. It holds what the in-sandbox toolbox needs (bash, coreutils, python3, ripgrep, procps,
+# findutils, grep, sed) plus git and ca-certificates, a user `sandbox` (uid 1000) and /workspace.
+#
+# Usage: scripts/build-image.sh [--force]
+# Env:   SANDBOX_IMAGE (default workbench-sandbox:latest), SANDBOX_DEBIAN_MIRROR (override the mirror),
+#        SANDBOX_CACHE_DIR (default <repo>/.cache)
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(dirname "$here")
+image=${SANDBOX_IMAGE:-workbench-sandbox:latest}
+cache_dir=${SANDBOX_CACHE_DIR:-$repo/.cache}
+suite=bookworm
+packages=bash,coreutils,python3,git,ripgrep,ca-certificates,procps,findutils,grep,sed,diffutils,patch,less
+
+force=0
+for arg in "$@"; do
+    case $arg in
+    --force) force=1 ;;
+    -h | --help)
+        sed -n '2,12p' "$0"
+        exit 0
+        ;;
+    *)
+        echo "build-image: unknown argument $arg" >&2
+        exit 2
+        ;;
+    esac
+done
+
+say() { echo "build-image: $*" >&2; }
+
+"$here/start-dockerd.sh"
+
+if ((!force)) && docker image inspect "$image" >/dev/null 2>&1; then
+    say "$image already exists (use --force to rebuild)"
+    exit 0
+fi
+
+# The URI of the first enabled binary source for a suite, in one-line or deb822 sources files.
+find_mirror() {
+    local wanted=$1 file
+    for file in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+        [[ -f $file ]] || continue
+        awk -v s="$wanted" '
+            $1 == "deb" {
+                i = 2
+                if ($i ~ /^\[/) { while ($i !~ /\]$/) i++; i++ }
+                if ($(i + 1) == s) { print $i; exit }
+            }' "$file"
+    done
+    for file in /etc/apt/sources.list.d/*.sources; do
+        [[ -f $file ]] || continue
+        awk -v s="$wanted" '
+            BEGIN { RS = ""; FS = "\n" }
+            {
+                uri = ""; has_suite = 0; enabled = 1; binary = 0
+                for (i = 1; i <= NF; i++) {
+                    line = $i
+                    if (line ~ /^URIs:/) { sub(/^URIs:[ \t]*/, "", line); split(line, a, /[ \t]+/); uri = a[1] }
+                    else if (line ~ /^Suites:/) {
+                        sub(/^Suites:[ \t]*/, "", line); n = split(line, a, /[ \t]+/)
+                        for (j = 1; j <= n; j++) if (a[j] == s) has_suite = 1
+                    }
+                    else if (line ~ /^Types:/) {
+                        sub(/^Types:[ \t]*/, "", line); n = split(line, a, /[ \t]+/)
+                        for (j = 1; j <= n; j++) if (a[j] == "deb") binary = 1
+                    }
+                    else if (line ~ /^Enabled:[ \t]*[Nn]o/) enabled = 0
+                }
+                if (uri != "" && has_suite && enabled && binary) { print uri; exit }
+            }' "$file"
+    done
+}
+
+mirror=${SANDBOX_DEBIAN_MIRROR:-$(find_mirror "$suite" | head -n 1)}
+mirror=${mirror:-http://deb.debian.org/debian}
+updates=$(find_mirror "$suite-updates" | head -n 1)
+updates=${updates:-$mirror}
+security=$(find_mirror "$suite-security" | head -n 1)
+security=${security:-http://deb.debian.org/debian-security}
+
+if ! command -v mmdebstrap >/dev/null 2>&1; then
+    say "installing mmdebstrap"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >/dev/null
+fi
+
+# The tarball is named after everything that shapes it, so editing this script rebuilds it.
+key=$(printf '%s\n' "$(cat "$0")" "$mirror" "$updates" "$security" | sha256sum | cut -c1-12)
+tarball="$cache_dir/sandbox-rootfs-$suite-$key.tar"
+mkdir -p "$cache_dir"
+
+if ((force)) || [[ ! -s $tarball ]]; then
+    say "building the root file system with mmdebstrap from $mirror (a few minutes the first time)"
+    rm -f "$cache_dir"/sandbox-rootfs-*.tar
+    mmdebstrap \
+        --variant=minbase \
+        --format=tar \
+        --include="$packages" \
+        --aptopt='Acquire::Languages "none"' \
+        --dpkgopt='path-exclude=/usr/share/man/*' \
+        --dpkgopt='path-exclude=/usr/share/doc/*' \
+        --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+        --dpkgopt='path-exclude=/usr/share/info/*' \
+        --dpkgopt='path-exclude=/usr/share/locale/*' \
+        --dpkgopt='path-exclude=/usr/share/lintian/*' \
+        --customize-hook='chroot "$1" useradd --create-home --uid 1000 --user-group --shell /bin/bash sandbox' \
+        --customize-hook='mkdir -p "$1/workspace" && chown 1000:1000 "$1/workspace"' \
+        --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/*.log "$1"/var/log/apt/*' \
+        "$suite" "$tarball.partial" \
+        "deb $mirror $suite main" \
+        "deb $updates $suite-updates main" \
+        "deb $security $suite-security main"
+    mv "$tarball.partial" "$tarball"
+else
+    say "reusing the cached root file system $tarball"
+fi
+
+say "importing $tarball as $image"
+docker import \
+    --change 'USER sandbox' \
+    --change 'WORKDIR /workspace' \
+    --change 'ENV HOME=/home/sandbox' \
+    --change 'ENV LANG=C.UTF-8' \
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'LABEL workbench.image=sandbox' \
+    --change 'CMD ["sleep", "infinity"]' \
+    "$tarball" "$image" >/dev/null
+say "built $image ($(docker image inspect --format '{{.Size}}' "$image" | awk '{printf "%.0f MB", $1 / 1e6}'))"

@@ -1,0 +1,144 @@
+"""DockerProvider on the real Docker engine, with the default image (workbench-sandbox:latest)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import docker.errors
+import pytest
+
+from sandboxes.providers import get_provider
+from sandboxes.providers.base import Provider, Resources, SandboxError, SandboxGone, ToolFailed
+from sandboxes.providers.docker import DockerProvider
+
+from .conftest import Sandbox, provisioned, sandbox_resources
+from .toolset_behaviour import ToolsetBehaviour
+
+
+@pytest.fixture(scope="module")
+def provider(docker_provider: Provider) -> Provider:
+    return docker_provider
+
+
+@pytest.fixture
+def sandbox(provider: Provider) -> Iterator[Sandbox]:
+    yield from provisioned(provider)
+
+
+@pytest.fixture
+def api(provider: DockerProvider) -> Any:
+    return provider.api
+
+
+class TestDockerToolset(ToolsetBehaviour):
+    """The toolset's behaviour, in a docker sandbox."""
+
+
+def test_get_provider_returns_the_docker_provider() -> None:
+    assert isinstance(get_provider("docker"), DockerProvider)
+    with pytest.raises(ValueError, match="unknown sandbox provider 'kubernetes'"):
+        get_provider("kubernetes")
+
+
+def test_the_container_is_hardened_and_limited_as_resources_say(new_sandbox: Any, api: Any) -> None:
+    sandbox = new_sandbox(cpus=0.5, memory_mb=256, pids=100, env={"PROJECT": "demo"})
+    config = api.inspect_container(sandbox.handle)
+    host = config["HostConfig"]
+    assert config["Config"]["User"] == "1000:1000"
+    assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges"]
+    assert host["PidsLimit"] == 100 and host["NanoCpus"] == 500_000_000
+    assert host["Memory"] == host["MemorySwap"] == 256 * 1024 * 1024
+    assert host["Init"] is True and host["NetworkMode"] == "none"
+    assert config["Config"]["Labels"]["workbench.managed"] == "true"
+    assert config["Config"]["Labels"]["workbench.sandbox"].startswith("sandbox-")
+    assert sandbox.bash("echo $PROJECT; whoami") == "demo\nsandbox"
+
+
+def test_network_is_given_only_when_resources_ask(new_sandbox: Any, api: Any) -> None:
+    sandbox = new_sandbox(network=True)
+    assert api.inspect_container(sandbox.handle)["HostConfig"]["NetworkMode"] == "bridge"
+    assert "eth0" in sandbox.bash("cat /proc/net/dev")
+
+
+def test_a_killed_container_raises_sandbox_gone_naming_the_kill(sandbox: Sandbox, api: Any) -> None:
+    sandbox.bash("true")
+    api.kill(sandbox.handle)
+    with pytest.raises(SandboxGone, match=r"the sandbox container was killed \(exit 137\)"):
+        sandbox.bash("echo hi")
+    assert not sandbox.provider.is_alive(sandbox.handle)
+
+
+def test_a_container_killed_during_a_call_raises_sandbox_gone(sandbox: Sandbox, api: Any) -> None:
+    sandbox.bash("true")
+    threading.Timer(0.5, lambda: api.kill(sandbox.handle)).start()
+    started = time.monotonic()
+    with pytest.raises(SandboxGone, match=r"killed \(exit 137\)"):
+        sandbox.bash("sleep 30")
+    assert time.monotonic() - started < 5
+
+
+def test_a_removed_container_raises_sandbox_gone(sandbox: Sandbox, api: Any) -> None:
+    api.remove_container(sandbox.handle, force=True)
+    with pytest.raises(SandboxGone, match="no longer exists"):
+        sandbox.bash("echo hi")
+    assert not sandbox.provider.is_alive(sandbox.handle)
+
+
+def test_a_command_out_of_memory_is_killed_and_the_sandbox_stays(new_sandbox: Any) -> None:
+    sandbox = new_sandbox(memory_mb=64)
+    result = sandbox.bash("python3 -c 'x = bytearray(200 * 1024 * 1024)'")
+    assert result.endswith("[exit code 137]")
+    assert sandbox.bash("echo alive") == "alive"
+
+
+def test_a_toolbox_daemon_killed_by_the_model_is_restarted_by_the_next_call(sandbox: Sandbox) -> None:
+    sandbox.bash("cd /tmp")
+    with pytest.raises(ToolFailed, match="ended during the call"):
+        sandbox.bash("kill -9 $PPID; sleep 5")
+    result = sandbox.bash("pwd")
+    assert result.startswith("/workspace\n[the sandbox's toolbox restarted since the last call")
+
+
+def test_pause_holds_calls_and_unpause_resumes_them(sandbox: Sandbox, provider: DockerProvider) -> None:
+    sandbox.bash("export KEPT=yes")
+    provider.pause(sandbox.handle)
+    try:
+        with pytest.raises(SandboxError, match="paused"):
+            sandbox.bash("echo hi")
+        assert provider.is_alive(sandbox.handle)
+    finally:
+        provider.unpause(sandbox.handle)
+    assert sandbox.bash("echo $KEPT") == "yes"
+
+
+def test_snapshot_commits_the_files_to_an_image_a_new_sandbox_starts_from(
+    sandbox: Sandbox, provider: DockerProvider, api: Any
+) -> None:
+    sandbox.call("write", file_path="state.txt", content="saved")
+    reference = provider.snapshot(sandbox.handle, tag=f"workbench-snapshot-test:{sandbox.handle[:12]}")
+    restored = Sandbox(provider, provider.provision(sandbox_resources(image=reference)))
+    try:
+        assert restored.bash("cat state.txt") == "saved"
+        assert "restarted" not in restored.bash("echo fresh")
+    finally:
+        provider.terminate(restored.handle)
+        api.remove_image(reference, force=True)
+
+
+def test_a_missing_image_is_a_sandbox_error_that_says_how_to_build_it(provider: Provider) -> None:
+    with pytest.raises(SandboxError, match="make image"):
+        provider.provision(Resources(image="workbench-sandbox:absent", labels={"workbench.test": "x"}))
+
+
+def test_an_unreachable_engine_is_a_sandbox_error_saying_so() -> None:
+    unreachable = DockerProvider(
+        api=docker.APIClient(base_url="unix:///nonexistent/docker.sock", version="1.41")
+    )
+    with pytest.raises(SandboxError, match="not reachable"):
+        unreachable.provision(Resources())
+    with pytest.raises(SandboxError, match="not reachable"):
+        unreachable.execute("0" * 64, "bash", {"command": "true"})

@@ -159,3 +159,32 @@ def live_server_url(transactional_db: Any, redis_url: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
         log.close()
+
+
+@pytest.fixture
+def offline_model() -> Iterator[Any]:
+    from harness.offline_model.testing import start_offline_model
+
+    with start_offline_model() as model:
+        yield model
+
+
+@pytest.fixture
+def brain_worker(live_server_url: str, offline_model: Any) -> Iterator[subprocess.Popen[bytes]]:
+    """A real Celery worker (the brains) against the test database, Redis and the offline model."""
+    log = open(ROOT / ".pytest-worker.log", "ab")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "workbench", "worker", "--pool", "threads", "--concurrency", "4",
+         "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"],
+        cwd=ROOT, env=child_env(ANTHROPIC_BASE_URL=offline_model.base_url, MODEL_RETRY_BASE_SECONDS="0.05"),
+        stdout=log, stderr=log, start_new_session=True,
+    )
+    try:
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()

@@ -97,8 +97,10 @@ def pending(state: SessionState) -> bool:
 
 
 def _idle_after_response(state: SessionState) -> bool:
-    return state.last_idle is not None and state.last_response_end is not None and (
-        state.last_idle.seq > state.last_response_end.seq)
+    """Whether the turn that response belongs to has ended (an idle that waits for the client has not)."""
+    idle = state.last_idle
+    return idle is not None and state.last_response_end is not None and idle.seq > state.last_response_end.seq and (
+        idle.payload.get("stop_reason", {}).get("type") != "requires_action")
 
 
 def _stop_reason(state: SessionState) -> str:

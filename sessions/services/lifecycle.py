@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from harness.agent_config import normalise_agent_config
 from harness.agents import get_agent_version
+from harness.registry import validate_harness_name
 from sandboxes.environments import get_environment
 from sessions.event_types import validate_sendable
 from sessions.models import Event, Session
@@ -202,7 +203,7 @@ def session_create(body: dict[str, Any]) -> Session:
 
 
 def session_update(session_id: str, body: dict[str, Any]) -> Session:
-    no_unknown_fields(body, ("agent", "budget", "metadata", "title", "vault_ids"), "session update")
+    no_unknown_fields(body, ("agent", "budget", "metadata", "title", "vault_ids", "harness"), "session update")
     if "vault_ids" in body:
         raise InvalidRequest("Changing 'vault_ids' of a session is not supported yet; create a new session.")
     with transaction.atomic():
@@ -226,9 +227,14 @@ def session_update(session_id: str, body: dict[str, Any]) -> Session:
             session.agent_snapshot = {**session.agent_snapshot, "tools": config["tools"],
                                       "mcp_servers": config["mcp_servers"]}
             changed["agent"] = session.agent_snapshot
+        switch = validate_harness_name(body["harness"]) if "harness" in body else None
+        if switch is not None and session.status == Session.Status.RUNNING:
+            raise InvalidRequest(f"Session {session_id} is running; switch its harness between turns, when idle.")
         session.save()
         if changed:
             emit_event(session.id, {"type": "session.updated", **changed})
+        if switch is not None:
+            emit_event(session.id, {"type": "brain.harness_switched", "harness": switch})
     return session
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from harness.context import needs_compaction
 from harness.fold import SessionState, ToolCall
 from harness.harnesses.steps import (
     AwaitAction,
     CallModel,
     CloseCall,
     CloseOrphanRequest,
+    Compact,
     EndTurn,
     Recover,
     RunTool,
@@ -82,6 +84,9 @@ class ToolUseHarness:
                        and last.payload.get("stop_reason", {}).get("event_ids") == waiting)
             return None if already else AwaitAction(waiting)
         if state.pending_inputs or (state.last_response_calls and not _idle_after_response(state)):
+            through = needs_compaction(self.agent.get("context") or {"type": "full"}, brain.events)
+            if through is not None:
+                return Compact(self.agent, through)
             return CallModel(self.agent, tools, self.system())
         if state.last_response_end is not None and not _idle_after_response(state):
             return EndTurn(reason=_stop_reason(state))

@@ -212,3 +212,36 @@ class Recover:
             f"The worker running this {name} call stopped before it finished. Its effect is unverified: it may "
             "or may not have happened. Check the state before repeating it.")).run(brain)
 
+
+
+@dataclass
+class Compact:
+    """Summarise the log through `through_seq` with the model into a context prefix; the events stay."""
+
+    agent: dict[str, Any]
+    through_seq: int
+
+    def run(self, brain: Brain) -> None:
+        _running(brain)
+        older = [e for e in brain.events if e.seq <= self.through_seq]
+        messages = messages_from_events(older) + [{"role": "user", "content": _text(
+            "Summarise the conversation so far for your own later use: the task, what was done, what was "
+            "found, and what is left. Be complete but brief.")}]
+        request = {"model": self.agent["model"]["id"], "max_tokens": settings.MODEL_MAX_TOKENS,
+                   "messages": _alternating(messages)}
+        brain.begin_cancellable()
+        response = stream_response(request, on_text=lambda i, t: None, cancelled=brain.interrupted,
+                                   register_cancel=brain.set_cancel_hook)
+        summary = "\n".join(b["text"] for b in response.blocks if b["type"] == "text")
+        brain.emit({"type": "agent.thread_context_compacted", "summary": summary, "through_seq": self.through_seq,
+                    "model_usage": response.usage}, key=f"compact:{self.through_seq}")
+
+
+def _alternating(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    merged: list[dict[str, Any]] = []
+    for message in messages:
+        if merged and merged[-1]["role"] == message["role"]:
+            merged[-1]["content"].extend(message["content"])
+        else:
+            merged.append({"role": message["role"], "content": list(message["content"])})
+    return merged

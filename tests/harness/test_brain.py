@@ -1,0 +1,124 @@
+"""A brain in-process against the offline model: bad input becomes clear events, never a hung session."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import override_settings
+
+from harness import model
+from harness.brain import run_brain
+from harness.tasks import wake
+from sessions.models import Session
+from sessions.selectors import get_events
+from sessions.services.lifecycle import session_archive, session_create, session_send_events
+from tests.conftest import make_agent, make_environment
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def model_url(offline_model):
+    with override_settings(ANTHROPIC_BASE_URL=offline_model.base_url, MODEL_RETRY_BASE_SECONDS=0.01):
+        model.client.cache_clear()
+        yield offline_model
+    model.client.cache_clear()
+
+
+def session_with(**agent) -> str:
+    return session_create({"agent": make_agent(**agent), "environment_id": make_environment()}).id
+
+
+def say(session_id: str, text: str) -> None:
+    session_send_events(session_id, {"events": [{"type": "user.message", "content": [{"type": "text", "text": text}]}]})
+
+
+def log(session_id: str) -> list:
+    return get_events(session_id)
+
+
+def test_a_tool_the_agent_does_not_have_becomes_an_error_result(model_url):
+    session_id = session_with()
+    say(session_id, '/tool launch_rockets {"count": 3}')
+    assert run_brain(session_id) == "idle"
+    [result] = [e for e in log(session_id) if e.type == "agent.tool_result"]
+    assert result.payload["is_error"] and "Unknown tool 'launch_rockets'" in result.payload["content"][0]["text"]
+    assert log(session_id)[-1].type == "session.status_idle"
+
+
+def test_tool_input_that_fails_its_schema_becomes_an_error_result(model_url):
+    session_id = session_with(tools=[{"type": "agent_toolset_20260401"}])
+    say(session_id, '/tool read {"view_range": [1, 2]}')
+    run_brain(session_id)
+    [result] = [e for e in log(session_id) if e.type == "agent.tool_result"]
+    assert result.payload["is_error"] and "missing the required field 'file_path'" in result.payload["content"][0][
+        "text"]
+
+
+def test_a_stream_cut_off_midway_is_retried_and_recorded_once(model_url):
+    model_url.inject_fault("broken_stream", count=1)
+    session_id = session_with()
+    say(session_id, "hello")
+    run_brain(session_id)
+    events = log(session_id)
+    errors = [e for e in events if e.type == "session.error"]
+    assert [e.payload["error"]["type"] for e in errors] == ["model_request_failed_error"]
+    assert errors[0].payload["error"]["retry_status"] == {"type": "retrying"}
+    messages = [e for e in events if e.type == "agent.message"]
+    assert [m.payload["content"][0]["text"] for m in messages] == ["You said: hello"]
+    assert events[-1].type == "session.status_idle"
+    assert [e.seq for e in events] == list(range(len(events)))
+
+
+def test_retries_exhausted_leave_the_session_idle_with_that_reason(model_url):
+    model_url.inject_fault("429", count=20)
+    session_id = session_with()
+    say(session_id, "hello")
+    with override_settings(MODEL_RETRIES=2):
+        run_brain(session_id)
+    events = log(session_id)
+    statuses = [e.payload["error"]["retry_status"]["type"] for e in events if e.type == "session.error"]
+    assert statuses == ["retrying", "retrying", "exhausted"]
+    assert events[-1].payload["stop_reason"] == {"type": "retries_exhausted"}
+    assert Session.objects.get(id=session_id).status == "idle"
+
+
+def test_wake_on_a_missing_or_archived_session_does_nothing(model_url):
+    assert wake("sesn_missing") == "gone"
+    session_id = session_with()
+    session_archive(session_id)
+    before = len(log(session_id))
+    assert wake(session_id) == "gone"
+    assert len(log(session_id)) == before
+
+
+def test_a_second_brain_finds_the_lease_taken_and_writes_nothing(model_url):
+    from harness.lease import lease_acquire
+
+    session_id = session_with()
+    say(session_id, "hello")
+    assert lease_acquire(session_id, owner="other", seconds=60) is not None
+    assert run_brain(session_id) == "busy"
+    assert [e.type for e in log(session_id)] == ["user.message"]
+
+
+def test_the_window_strategy_shows_the_model_a_slice_and_changes_no_event(model_url):
+    session_id = session_with(context={"type": "window", "last_events": 4})
+    for text in ("one", "two", "three"):
+        say(session_id, text)
+        run_brain(session_id)
+    events = log(session_id)
+    assert [m.payload["content"][0]["text"] for m in events if m.type == "agent.message"] == [
+        "You said: one", "You said: two", "You said: three"]
+    assert [e.seq for e in events] == list(range(len(events)))
+
+
+def test_compaction_summarises_older_events_and_keeps_them(model_url):
+    session_id = session_with(context={"type": "compaction", "trigger_events": 12, "keep_events": 6})
+    for i in range(4):
+        say(session_id, f"message {i}")
+        run_brain(session_id)
+    events = log(session_id)
+    compacted = [e for e in events if e.type == "agent.thread_context_compacted"]
+    assert compacted and compacted[0].payload["summary"].startswith("You said: Summarise")
+    assert [e.payload["content"][0]["text"] for e in events if e.type == "user.message"] == [
+        f"message {i}" for i in range(4)]

@@ -74,6 +74,7 @@ def test_the_orm_refuses_to_update_or_delete_events(session_id):
     assert Event.objects.get(pk=event.pk).type == "system.message"
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db
 def test_postgres_trigger_refuses_raw_updates_and_deletes(session_id):
     require(on_postgres(), "the append-only trigger exists on PostgreSQL only; run with DATABASE_URL=postgres://…")

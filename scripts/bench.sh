@@ -8,7 +8,7 @@ status=0
 for bench in log sandboxes harness; do
   if [ -f "bench/$bench.py" ]; then
     echo "== bench/$bench.py"
-    .venv/bin/python "bench/$bench.py" "$@" || status=$?
+    .venv/bin/python -m "bench.$bench" "$@" || status=$?
   fi
 done
 .venv/bin/python bench/report.py

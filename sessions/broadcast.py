@@ -4,14 +4,13 @@ Services call `publish_event` from `transaction.on_commit` and `publish_preview`
 nothing else calls `group_send`. Every message carries `(session, seq)`, so a receiver that sees a gap
 re-reads the log: a broadcast is a hint, and losing one never loses an event.
 
-Publishing happens on one background thread with its own event loop and channel layer, so appending an
-event costs a queue put rather than a round trip to Redis, and messages from one process keep their
-order.
+Publishing happens on one background thread that batches whatever is queued into one Redis pipeline of
+PUBLISHes (the pub/sub channel layer's format), so appending an event costs a queue put rather than a
+round trip, and messages from one process keep their order.
 """
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import json
 import logging
@@ -19,7 +18,9 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Any
 
+import redis
 from channels.layers import channel_layers
+from django.conf import settings
 
 if TYPE_CHECKING:
     from sessions.models import Event
@@ -74,19 +75,30 @@ class _Publisher:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        # A plain daemon thread that blocks on the queue and drives its own loop only to send: no
-        # executor threads, which would keep the process from exiting.
-        loop = asyncio.new_event_loop()
+        # A plain daemon thread: it blocks on the queue, then PUBLISHes everything queued in one pipeline
+        # with a synchronous client, in the wire format of the pub/sub channel layer readers use.
         layer = channel_layers.make_backend("default")
+        config = settings.CHANNEL_LAYERS["default"].get("CONFIG", {})
+        prefix = config.get("prefix", "asgi")
+        client = redis.Redis.from_url(config["hosts"][0])
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            group, message = item
+            batch = [self._queue.get()]
+            while len(batch) < 500:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = None in batch
+            pipeline = client.pipeline(transaction=False)
+            for group, message in (item for item in batch if item is not None):
+                pipeline.publish(f"{prefix}__group__{group}", layer.serialize(message))
             try:
-                loop.run_until_complete(layer.group_send(group, message))
-            except Exception:  # noqa: BLE001 - a lost hint is repaired by readers; log and go on
-                logger.warning("broadcast to %s failed; readers will catch up from the log", group, exc_info=True)
+                pipeline.execute()
+            except redis.RedisError:
+                logger.warning("broadcast of %d messages failed; readers will catch up from the log", len(batch),
+                               exc_info=True)
+            if stop:
+                return
 
 
 _lock = threading.Lock()

@@ -81,10 +81,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
 
+# Pub/sub: a broadcast is one PUBLISH. Delivery is at most once, which is all a hint needs: readers fill
+# any gap from the log.
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "capacity": 5000, "expiry": 30},
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL]},
     }
 }
 

@@ -28,7 +28,7 @@ def wake(session_id: str, by: str = "event") -> str:
     return outcome
 
 
-@shared_task(ignore_result=True, time_limit=60)
+@shared_task(ignore_result=True, time_limit=60, soft_time_limit=50)
 def sweep() -> int:
     """Re-wake running sessions whose lease lapsed (their brain died): the log shows work left to do."""
     from harness.brain import has_pending_work

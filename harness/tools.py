@@ -26,6 +26,23 @@ TOOLSET_SCHEMAS: dict[str, dict[str, Any]] = {
              "input_schema": {"type": "object", "required": ["pattern"], "properties": {
                  "pattern": {"type": "string"}, "path": {"type": "string"}}}},
 }
+for _schema in TOOLSET_SCHEMAS.values():
+    _schema["input_schema"]["properties"]["sandbox"] = {
+        "type": "string", "description": "Which of your sandboxes runs this call (default: your first)."}
+
+HAND_TOOLS: dict[str, dict[str, Any]] = {
+    "provision_sandbox": {
+        "description": "Provision a new sandbox under a name; pass sandbox=<name> to toolset calls to use it.",
+        "input_schema": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}},
+    "release_sandbox": {
+        "description": "Terminate one of your sandboxes by name.",
+        "input_schema": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}},
+    "transfer_sandbox": {
+        "description": "Pass one of your sandboxes, with its files and running processes, to another session.",
+        "input_schema": {"type": "object", "required": ["name", "to_session"], "properties": {
+            "name": {"type": "string"}, "to_session": {"type": "string"}}}},
+}
+
 # Running these twice has the effect of running them once, so recovery may re-run them.
 SAFE_TO_REPEAT = frozenset({"read", "glob", "grep", "write"})
 _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list,
@@ -35,7 +52,7 @@ _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean":
 @dataclass(frozen=True)
 class Tool:
     name: str
-    kind: str  # "toolset" (runs in a sandbox) or "custom" (the client runs it)
+    kind: str  # "toolset" (runs in a sandbox), "hands" (manages sandboxes) or "custom" (the client runs it)
     definition: dict[str, Any]
     permission: str  # "allow" or "ask"
 
@@ -44,6 +61,9 @@ def agent_tools(agent: dict[str, Any], *, only: frozenset[str] | None = None) ->
     tools: dict[str, Tool] = {}
     for entry in agent.get("tools") or []:
         if entry["type"] == "agent_toolset_20260401":
+            if only is None and any(c["name"] == "bash" and c["enabled"] for c in entry["configs"]):
+                for name, schema in HAND_TOOLS.items():
+                    tools[name] = Tool(name, "hands", {"name": name, **schema}, "allow")
             for config in entry["configs"]:
                 name = config["name"]
                 if config["enabled"] and name in TOOLSET_SCHEMAS and (only is None or name in only):

@@ -14,10 +14,20 @@ from sandboxes.environments import (
     environment_update,
     get_environment,
 )
-from sandboxes.models import Environment
+from sandboxes.hands import (
+    sandbox_attach,
+    sandbox_detach,
+    sandbox_json,
+    sandbox_provision,
+    sandbox_terminate,
+    sandbox_transfer,
+)
+from sandboxes.models import Environment, Sandbox
+from sandboxes.providers import SandboxError
 from workbench.api.endpoint import endpoint
+from workbench.api.errors import ServiceUnavailable
 from workbench.api.pagination import keyset_page
-from workbench.api.validation import query_bool, query_int
+from workbench.api.validation import no_unknown_fields, query_bool, query_int, text
 
 
 def environments_create(request: HttpRequest) -> dict[str, Any]:
@@ -52,3 +62,75 @@ def environments_archive(request: HttpRequest, environment_id: str) -> dict[str,
 collection = endpoint(GET=environments_list, POST=environments_create)
 item = endpoint(GET=environments_retrieve, POST=environments_update, DELETE=environments_delete)
 archive = endpoint(POST=environments_archive)
+
+
+# -- hands: /v1/sessions/{id}/sandboxes and /v1/sandboxes (Workbench's own endpoints)
+
+
+def _session_or_404(session_id: str) -> None:
+    from sessions.models import Session
+    from workbench.api.errors import NotFound
+
+    if not Session.objects.filter(id=session_id, deleted_at__isnull=True).exists():
+        raise NotFound(f"No session with id {session_id!r}.")
+
+
+def _held_by(session_id: str, sandbox_id: str) -> None:
+    from workbench.api.errors import NotFound
+
+    if not Sandbox.objects.filter(id=sandbox_id, session_id=session_id).exists():
+        raise NotFound(f"Session {session_id} holds no sandbox {sandbox_id!r}.")
+
+
+def session_sandboxes_list(request: HttpRequest, session_id: str) -> dict[str, Any]:
+    _session_or_404(session_id)
+    sandboxes = Sandbox.objects.filter(session_id=session_id).exclude(status=Sandbox.Status.TERMINATED)
+    return {"data": [sandbox_json(s) for s in sandboxes.order_by("created_at")], "next_page": None}
+
+
+def session_sandboxes_add(request: HttpRequest, session_id: str) -> dict[str, Any]:
+    """`{"name"}` provisions a new hand; `{"sandbox_id", "name"?}` attaches a free one."""
+    body = request.json  # type: ignore[attr-defined]
+    no_unknown_fields(body, ("name", "sandbox_id"), "sandbox")
+    _session_or_404(session_id)
+    name = text(body, "name", min_length=1, max_length=64, default=None)
+    if "sandbox_id" in body:
+        return sandbox_json(sandbox_attach(text(body, "sandbox_id", min_length=1), session_id, name=name))
+    try:
+        return sandbox_json(sandbox_provision(session_id, name=name or "main"))
+    except SandboxError as error:
+        raise ServiceUnavailable(f"The sandbox provider could not provision: {error}") from None
+
+
+def session_sandbox_detach(request: HttpRequest, session_id: str, sandbox_id: str) -> dict[str, Any]:
+    _held_by(session_id, sandbox_id)
+    return sandbox_json(sandbox_detach(sandbox_id))
+
+
+def session_sandbox_transfer(request: HttpRequest, session_id: str, sandbox_id: str) -> dict[str, Any]:
+    body = request.json  # type: ignore[attr-defined]
+    no_unknown_fields(body, ("to_session",), "transfer")
+    _held_by(session_id, sandbox_id)
+    return sandbox_json(sandbox_transfer(sandbox_id, text(body, "to_session", required=True, min_length=1)))
+
+
+def session_sandbox_terminate(request: HttpRequest, session_id: str, sandbox_id: str) -> dict[str, Any]:
+    _held_by(session_id, sandbox_id)
+    return sandbox_json(sandbox_terminate(sandbox_id))
+
+
+def sandboxes_list(request: HttpRequest) -> dict[str, Any]:
+    limit = query_int(request.GET, "limit", default=100, minimum=1, maximum=1000)
+    sandboxes = Sandbox.objects.exclude(status=Sandbox.Status.TERMINATED)
+    if query_bool(request.GET, "include_terminated"):
+        sandboxes = Sandbox.objects.all()
+    if request.GET.get("free") == "true":
+        sandboxes = sandboxes.filter(session__isnull=True)
+    return {"data": [sandbox_json(s) for s in sandboxes.order_by("-created_at")[:limit]], "next_page": None}
+
+
+session_sandboxes = endpoint(GET=session_sandboxes_list, POST=session_sandboxes_add)
+session_sandbox = endpoint(DELETE=session_sandbox_terminate)
+session_sandbox_detach_view = endpoint(POST=session_sandbox_detach)
+session_sandbox_transfer_view = endpoint(POST=session_sandbox_transfer)
+sandboxes = endpoint(GET=sandboxes_list)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
 from sandboxes.models import Environment
@@ -47,6 +48,32 @@ def _packages(value: Any) -> dict[str, Any]:
     return packages
 
 
+SANDBOX_DEFAULTS: dict[str, Any] = {"provider": None, "image": None, "cpus": 1.0, "memory_mb": 512, "pids": 256,
+                                    "warm_pool": 0, "idle_ttl_seconds": 3600}
+
+
+def _sandbox(value: Any) -> dict[str, Any]:
+    """Workbench's extension: what a sandbox of this environment runs on and with what limits."""
+    from sandboxes.providers import PROVIDERS
+
+    expect(value, dict, "'config.sandbox'")
+    no_unknown_fields(value, tuple(SANDBOX_DEFAULTS), "config.sandbox")
+    sandbox = {**SANDBOX_DEFAULTS, **value}
+    if sandbox["provider"] is not None and sandbox["provider"] not in PROVIDERS:
+        raise InvalidRequest(f"'config.sandbox.provider' must be one of {', '.join(PROVIDERS)}, "
+                             f"not {sandbox['provider']!r}.")
+    expect(sandbox["image"], str, "'config.sandbox.image'", nullable=True)
+    limits = {"cpus": (0.1, 64.0), "memory_mb": (64, 65536), "pids": (16, 32768), "warm_pool": (0, 50),
+              "idle_ttl_seconds": (60, 7 * 86400)}
+    for key, (low, high) in limits.items():
+        number = sandbox[key]
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not low <= number <= high:
+            raise InvalidRequest(f"'config.sandbox.{key}' must be a number from {low} to {high}, not {number!r}.")
+        if key != "cpus" and not isinstance(number, int):
+            raise InvalidRequest(f"'config.sandbox.{key}' must be a whole number.")
+    return sandbox
+
+
 def normalise_config(value: Any) -> dict[str, Any]:
     if value is None:
         value = {"type": "cloud"}
@@ -57,14 +84,15 @@ def normalise_config(value: Any) -> dict[str, Any]:
         return {"type": "self_hosted"}
     if kind != "cloud":
         raise InvalidRequest(f"'config.type' must be 'cloud' or 'self_hosted', not {kind!r}.")
-    no_unknown_fields(value, ("type", "networking", "packages"), "config")
+    no_unknown_fields(value, ("type", "networking", "packages", "sandbox"), "config")
     networking = _networking(value.get("networking", {"type": "unrestricted"}))
     packages = _packages(value.get("packages", {}))
     if networking["type"] == "limited" and any(packages[m] for m in PACKAGE_MANAGERS) and not networking[
             "allow_package_managers"]:
         raise InvalidRequest("'config.packages' needs 'config.networking.allow_package_managers: true' "
                              "when networking is limited.")
-    return {"type": "cloud", "networking": networking, "packages": packages}
+    return {"type": "cloud", "networking": networking, "packages": packages,
+            "sandbox": _sandbox(value.get("sandbox", {}))}
 
 
 def environment_json(environment: Environment) -> dict[str, Any]:
@@ -96,15 +124,24 @@ def _scope(body: dict[str, Any]) -> Any:
     return scope
 
 
+def _refill_on_commit(environment: Environment) -> None:
+    from sandboxes.pool import _queue_refill, pool_size
+
+    if pool_size(environment) > 0:
+        transaction.on_commit(lambda: _queue_refill(environment.id))
+
+
 def environment_create(body: dict[str, Any]) -> Environment:
     no_unknown_fields(body, ("name", "config", "description", "metadata", "scope"), "environment")
-    return Environment.objects.create(
+    environment = Environment.objects.create(
         name=text(body, "name", required=True, min_length=1, max_length=255),
         description=text(body, "description", nullable=True, default=None),
         metadata=dict(metadata(body.get("metadata", {}))),
         scope=_scope(body),
         config=normalise_config(body.get("config")),
     )
+    _refill_on_commit(environment)
+    return environment
 
 
 def environment_update(environment_id: str, body: dict[str, Any]) -> Environment:
@@ -129,6 +166,7 @@ def environment_update(environment_id: str, body: dict[str, Any]) -> Environment
     if "metadata" in body:
         environment.metadata = patch_metadata(environment.metadata, metadata(body["metadata"], patch=True))
     environment.save()
+    _refill_on_commit(environment)
     return environment
 
 

@@ -152,10 +152,16 @@ WAKE_CRASH_LIMIT = env.int("WAKE_CRASH_LIMIT", default=3)
 INTERRUPT_POLL_SECONDS = env.float("INTERRUPT_POLL_SECONDS", default=0.2)
 TOOL_TIMEOUT_SECONDS = env.float("TOOL_TIMEOUT_SECONDS", default=120.0)
 
+REAP_SECONDS = env.float("REAP_SECONDS", default=30.0)
 CELERY_BEAT_SCHEDULE = {
     "sweep-sessions": {"task": "harness.tasks.sweep", "schedule": SWEEP_SECONDS},
+    "reap-sandboxes": {"task": "sandboxes.tasks.reap", "schedule": REAP_SECONDS},
+    "maintain-pools": {"task": "sandboxes.tasks.maintain_pools", "schedule": 60.0},
 }
 
 # Sandboxes: "docker" (hardened containers) or "local" (bubblewrap); see sandboxes/providers.
 SANDBOX_PROVIDER = env("SANDBOX_PROVIDER", default="docker")
 SANDBOX_IMAGE = env("SANDBOX_IMAGE", default="workbench-sandbox:latest")
+# "lazy": a sandbox is provisioned by the first tool call that needs one. "eager" ("coupled"): the
+# session's first turn provisions it before the first model call, for the latency comparison.
+SANDBOX_PROVISIONING = env("SANDBOX_PROVISIONING", default="lazy")

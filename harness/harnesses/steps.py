@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,17 @@ def _running(brain: Brain) -> None:
         brain.emit({"type": "session.status_running"})
 
 
+def _ensure_hand(brain: Brain) -> None:
+    """Coupled mode: the session's sandbox exists before the first model call."""
+    from sandboxes.hands import held, sandbox_provision
+    from sandboxes.providers import SandboxError
+
+    if not held(brain.session_id):
+        # A failure is recorded as sandbox.failed; the turn goes on and a tool call will say so.
+        with contextlib.suppress(SandboxError):
+            sandbox_provision(brain.session_id, emit=brain.emit)
+
+
 def _text(text: str) -> list[dict[str, str]]:
     return [{"type": "text", "text": text}]
 
@@ -37,6 +49,8 @@ class CallModel:
 
     def run(self, brain: Brain) -> None:
         _running(brain)
+        if settings.SANDBOX_PROVISIONING == "eager":
+            _ensure_hand(brain)
         for attempt in range(settings.MODEL_RETRIES + 1):
             try:
                 return self._attempt(brain)
@@ -64,8 +78,11 @@ class CallModel:
             "max_tokens": settings.MODEL_MAX_TOKENS,
             "messages": messages_from_events(events, prefix=prefix),
         }
-        if self.system:
-            request["system"] = self.system
+        system = self.system
+        if any(tool.kind == "hands" for tool in self.tools.values()):
+            system = f"{system}\n\n{hands_note(brain.session_id)}" if system else hands_note(brain.session_id)
+        if system:
+            request["system"] = system
         if self.tools:
             request["tools"] = [tool.definition for tool in self.tools.values()]
         start = brain.emit({"type": "span.model_request_start", "through_seq": brain.state.last_seq})
@@ -133,6 +150,9 @@ class RunTool:
         problem = input_problem(self.tool.definition["input_schema"], value)
         if problem:
             return _finish(brain, self.call, f"Invalid input for {name}: {problem}.", True)
+        if self.tool.kind == "hands":
+            text, is_error = run_hand_tool(brain, name, value)
+            return _finish(brain, self.call, text, is_error)
         brain.begin_cancellable()
         text, is_error = execute(brain.session_id, name, value, emit=brain.emit, cancelled=brain.cancelled)
         if brain.interrupted.is_set():
@@ -140,6 +160,40 @@ class RunTool:
         if self.recovering:
             text = f"[re-run after the previous worker stopped during this call]\n{text}"
         return _finish(brain, self.call, text, is_error)
+
+
+def run_hand_tool(brain: Brain, name: str, value: dict[str, Any]) -> tuple[str, bool]:
+    """The model's own hands tools: provision, release and pass sandboxes."""
+    from sandboxes.hands import held, sandbox_provision, sandbox_terminate, sandbox_transfer
+    from sandboxes.providers import SandboxError
+    from workbench.api.errors import ApiError
+
+    hands = {hand.name: hand for hand in held(brain.session_id)}
+    try:
+        if name == "provision_sandbox":
+            sandbox = sandbox_provision(brain.session_id, name=value["name"], emit=brain.emit)
+            return f"Provisioned sandbox {sandbox.name!r} ({sandbox.id}).", False
+        hand = hands.get(value["name"])
+        if hand is None:
+            return f"You hold no sandbox named {value['name']!r}; you hold: {', '.join(hands) or 'none'}.", True
+        if name == "release_sandbox":
+            sandbox_terminate(hand.id, emit=brain.emit)
+            return f"Released sandbox {hand.name!r}.", False
+        sandbox = sandbox_transfer(hand.id, value["to_session"], emit=brain.emit)
+        return f"Passed sandbox {hand.name!r} to session {value['to_session']} (named {sandbox.name!r} there).", False
+    except (ApiError, SandboxError) as error:
+        return str(getattr(error, "message", error)), True
+
+
+def hands_note(session_id: str) -> str:
+    from sandboxes.hands import held
+
+    hands = held(session_id)
+    if not hands:
+        return "You hold no sandbox yet; your first tool call provisions one named 'main'."
+    names = ", ".join(f"{hand.name!r}" for hand in hands)
+    return (f"Sandboxes you hold: {names}. Toolset calls run in {hands[0].name!r} unless you pass "
+            "sandbox=<name>.")
 
 
 def _finish(brain: Brain, call: ToolCall, text: str, is_error: bool) -> None:

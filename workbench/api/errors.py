@@ -56,3 +56,8 @@ class Conflict(ApiError):
 class PayloadTooLarge(ApiError):
     status = 413
     error_type = "request_too_large"
+
+
+class ServiceUnavailable(ApiError):
+    status = 503
+    error_type = "api_error"

@@ -1,0 +1,68 @@
+"""Warm pools: an environment may keep N sandboxes provisioned and idle, handed out on provisioning."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+
+from sandboxes.models import Environment, Sandbox
+from sandboxes.providers import SandboxError
+
+logger = logging.getLogger(__name__)
+
+
+def pool_size(environment: Environment) -> int:
+    return int((environment.config.get("sandbox") or {}).get("warm_pool", 0))
+
+
+def _free(environment: Environment):  # type: ignore[no-untyped-def]
+    return Sandbox.objects.filter(environment=environment, session__isnull=True, status=Sandbox.Status.READY,
+                                  labels__pooled=True)
+
+
+def pool_take(environment: Environment, *, session, name: str) -> Sandbox | None:  # type: ignore[no-untyped-def]
+    """Hand one pooled sandbox to `session`, and refill the pool in the background."""
+    if pool_size(environment) == 0:
+        return None
+    with transaction.atomic():
+        sandbox = _free(environment).select_for_update(skip_locked=True).order_by("created_at").first()
+        if sandbox is not None:
+            sandbox.session, sandbox.name = session, name
+            sandbox.save(update_fields=["session", "name"])
+    transaction.on_commit(lambda: _queue_refill(environment.id))
+    return sandbox
+
+
+def _queue_refill(environment_id: str) -> None:
+    from sandboxes.tasks import refill_pool
+
+    refill_pool.delay(environment_id)
+
+
+def pool_refill(environment_id: str) -> int:
+    """Provision until the environment's pool holds its size; returns how many were added."""
+    from sandboxes.hands import provider_name, provider_of, resources_for
+
+    with transaction.atomic():
+        # The environment row's lock keeps two refills from overfilling the same pool.
+        environment = Environment.objects.select_for_update().filter(id=environment_id, deleted_at__isnull=True,
+                                                                     archived_at__isnull=True).first()
+        if environment is None:
+            return 0
+        missing = pool_size(environment) - _free(environment).count()
+        added = 0
+        for _ in range(max(missing, 0)):
+            sandbox = Sandbox.objects.create(environment=environment, name="pooled", labels={"pooled": True},
+                                             provider=provider_name(environment))
+            try:
+                sandbox.handle = provider_of(sandbox).provision(resources_for(environment, sandbox))
+            except SandboxError as error:
+                logger.warning("warm pool of %s: provisioning failed: %s", environment_id, error)
+                sandbox.status = Sandbox.Status.DEAD
+                sandbox.save(update_fields=["status"])
+                break
+            sandbox.status = Sandbox.Status.READY
+            sandbox.save(update_fields=["handle", "status"])
+            added += 1
+    return added

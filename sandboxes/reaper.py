@@ -1,0 +1,60 @@
+"""The reaper: terminates sandboxes idle past their TTL and removes containers no live row accounts for."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.db.models import Q
+from django.utils import timezone
+
+from sandboxes.models import Sandbox
+from sandboxes.providers import PROVIDERS, SandboxError, get_provider
+
+logger = logging.getLogger(__name__)
+
+
+# A row still provisioning after this long belongs to a worker that died while provisioning.
+PROVISIONING_GRACE = timedelta(minutes=2)
+
+
+def reap_idle() -> list[str]:
+    """Terminate sandboxes idle past their environment's TTL, and those of sessions that have ended."""
+    from sandboxes.hands import sandbox_terminate
+
+    now = timezone.now()
+    reaped = []
+    ready = Sandbox.objects.filter(status=Sandbox.Status.READY).exclude(session__isnull=True, labels__pooled=True)
+    for sandbox in ready.select_related("environment", "session"):
+        ttl = int((sandbox.environment.config.get("sandbox") or {}).get("idle_ttl_seconds", 3600))
+        session = sandbox.session
+        ended = session is not None and (session.status == "terminated" or session.deleted_at is not None)
+        if ended or sandbox.last_used_at < now - timedelta(seconds=ttl):
+            sandbox_terminate(sandbox.id)
+            reaped.append(sandbox.id)
+    return reaped
+
+
+def reap_orphans(providers: tuple[str, ...] = PROVIDERS) -> list[str]:
+    """Remove sandboxes the provider still runs but no provisioning or ready row claims (a killed worker's)."""
+    Sandbox.objects.filter(status=Sandbox.Status.PROVISIONING,
+                           created_at__lt=timezone.now() - PROVISIONING_GRACE).update(status=Sandbox.Status.DEAD)
+    live = set(Sandbox.objects.filter(Q(status=Sandbox.Status.READY) | Q(status=Sandbox.Status.PROVISIONING))
+               .values_list("id", flat=True))
+    removed = []
+    for name in providers:
+        try:
+            provider = get_provider(name)
+            handles = provider.list_handles()
+        except (SandboxError, OSError) as error:
+            logger.info("reaper: provider %s unavailable: %s", name, error)
+            continue
+        for handle, labels in handles.items():
+            if labels.get("workbench.sandbox") not in live:
+                try:
+                    provider.terminate(handle)
+                    removed.append(handle)
+                except SandboxError as error:
+                    logger.warning("reaper: could not remove %s: %s", handle, error)
+    Sandbox.objects.filter(status=Sandbox.Status.DEAD).update(status=Sandbox.Status.TERMINATED)
+    return removed

@@ -1,0 +1,190 @@
+"""Hands as cattle, on the real Docker engine: lazy, replaceable, many per brain, passable between brains."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import docker
+import pytest
+from django.test import override_settings
+
+from harness import model
+from harness.brain import run_brain
+from sandboxes.hands import held
+from sandboxes.models import Sandbox
+from sandboxes.pool import pool_refill
+from sandboxes.reaper import reap_idle, reap_orphans
+from sessions.selectors import get_events
+from sessions.services.lifecycle import session_archive, session_create, session_send_events
+from tests.conftest import ROOT, child_env, make_agent, make_environment, require
+
+pytestmark = pytest.mark.django_db(transaction=True)
+TOOLSET = [{"type": "agent_toolset_20260401"}]
+
+
+@pytest.fixture
+def engine():
+    try:
+        client = docker.from_env(version="auto")
+        client.ping()
+    except docker.errors.DockerException as error:
+        require(False, f"no Docker engine ({error}); `make test` starts one")
+    yield client
+    for container in client.containers.list(all=True, filters={"label": "workbench.managed=true"}):
+        if container.labels.get("workbench.environment", "").startswith("env_"):
+            container.remove(force=True)
+
+
+@pytest.fixture
+def brains(offline_model, engine):
+    with override_settings(ANTHROPIC_BASE_URL=offline_model.base_url, SANDBOX_PROVIDER="docker"):
+        model.client.cache_clear()
+        yield offline_model
+    model.client.cache_clear()
+
+
+def new_session(environment_id: str | None = None) -> str:
+    return session_create({"agent": make_agent(tools=TOOLSET),
+                           "environment_id": environment_id or make_environment()}).id
+
+
+def turn(session_id: str, text: str) -> list:
+    before = len(get_events(session_id))
+    session_send_events(session_id, {"events": [{"type": "user.message", "content": [{"type": "text", "text": text}]}]})
+    assert run_brain(session_id) == "idle"
+    return get_events(session_id, before)
+
+
+def results(events: list) -> list[tuple[str, bool]]:
+    return [(e.payload["content"][0]["text"], e.payload["is_error"]) for e in events if e.type == "agent.tool_result"]
+
+
+def test_a_session_that_never_calls_a_tool_never_provisions(brains, engine):
+    session_id = new_session()
+    turn(session_id, "just talk")
+    assert not Sandbox.objects.exists()
+    assert not [e for e in get_events(session_id) if e.type.startswith("sandbox.")]
+
+
+def test_coupled_mode_provisions_before_the_first_model_call(brains):
+    session_id = new_session()
+    with override_settings(SANDBOX_PROVISIONING="eager"):
+        events = turn(session_id, "just talk")
+    kinds = [e.type for e in events]
+    assert kinds.index("sandbox.provisioned") < kinds.index("span.model_request_start")
+
+
+def test_a_killed_container_is_an_error_result_and_the_next_call_gets_a_new_sandbox(brains, engine):
+    session_id = new_session()
+    assert results(turn(session_id, "/bash echo first")) == [("first", False)]
+    [sandbox] = held(session_id)
+    engine.containers.get(sandbox.handle).kill()
+    [(text, is_error)] = results(turn(session_id, "/bash echo second"))
+    assert is_error and "died" in text and "killed" in text
+    [(text, is_error)] = results(turn(session_id, "/bash echo third"))
+    assert not is_error and "a new sandbox" in text and text.endswith("third")
+    kinds = [e.type for e in get_events(session_id)]
+    assert kinds.count("sandbox.provisioned") == 2 and "sandbox.failed" in kinds
+    assert get_events(session_id)[-1].type == "session.status_idle"
+
+
+def test_a_transfer_keeps_files_and_a_background_process_alive(brains, api):
+    giver, taker = new_session(), new_session()
+    turn(giver, "/bash echo kept > notes.txt; nohup sleep 301 >/dev/null 2>&1 &")
+    [sandbox] = held(giver)
+    response = api.post(f"/v1/sessions/{giver}/sandboxes/{sandbox.id}/transfer", {"to_session": taker})
+    assert response.status_code == 200, response.content
+    assert response.json()["session_id"] == taker
+    [(text, is_error)] = results(turn(taker, "/bash cat notes.txt; pgrep -f 'sleep 301' | wc -l"))
+    assert not is_error and text.splitlines() == ["kept", "1"]
+    assert held(giver) == []
+    detached = [e for e in get_events(giver) if e.type == "sandbox.detached"]
+    attached = [e for e in get_events(taker) if e.type == "sandbox.attached"]
+    assert detached[0].payload["to_session"] == taker and attached[0].payload["from_session"] == giver
+
+
+def test_a_brain_holds_several_named_hands_and_can_pass_one(brains):
+    session_id, other = new_session(), new_session()
+    events = turn(session_id, '/bash touch only-in-main; ls\n/tool provision_sandbox {"name": "build"}\n'
+                              '/tool bash {"command": "ls; echo listed", "sandbox": "build"}\n'
+                              '/tool bash {"command": "true", "sandbox": "nope"}')
+    (main_files, _), (provisioned, _), (build_files, _), (missing, missing_error) = results(events)
+    assert main_files == "only-in-main" and build_files == "listed"
+    assert "Provisioned sandbox 'build'" in provisioned
+    assert missing_error and "holds no sandbox named 'nope'" in missing and "main" in missing
+    assert [hand.name for hand in held(session_id)] == ["main", "build"]
+    events = turn(session_id, f'/tool transfer_sandbox {{"name": "build", "to_session": "{other}"}}')
+    assert not results(events)[0][1]
+    assert [hand.name for hand in held(other)] == ["build"]
+
+
+def test_the_hands_api_attaches_detaches_and_refuses_what_it_cannot_do(brains, api):
+    first, second = new_session(), new_session()
+    created = api.post(f"/v1/sessions/{first}/sandboxes", {"name": "spare"}).json()
+    assert created["status"] == "ready" and created["session_id"] == first
+    taken = api.post(f"/v1/sessions/{second}/sandboxes", {"sandbox_id": created["id"]})
+    assert taken.status_code == 400 and "held by session" in taken.json()["error"]["message"]
+    assert api.post(f"/v1/sessions/{first}/sandboxes/{created['id']}/detach").json()["session_id"] is None
+    attached = api.post(f"/v1/sessions/{second}/sandboxes", {"sandbox_id": created["id"]}).json()
+    assert attached["session_id"] == second
+    listed = api.get(f"/v1/sessions/{second}/sandboxes").json()["data"]
+    assert [s["id"] for s in listed] == [created["id"]]
+    assert api.get(f"/v1/sessions/{first}/sandboxes/sbx_nope/detach").status_code == 405
+    assert api.post(f"/v1/sessions/{first}/sandboxes/{created['id']}/detach").status_code == 404
+    gone = api.delete(f"/v1/sessions/{second}/sandboxes/{created['id']}").json()
+    assert gone["status"] == "terminated"
+    kinds = [e.type for e in get_events(second)]
+    assert kinds == ["sandbox.attached", "sandbox.terminated"]
+
+
+def test_the_warm_pool_hands_out_a_ready_sandbox_and_refills(brains):
+    environment_id = make_environment(config={"type": "cloud", "sandbox": {"warm_pool": 1}})
+    assert pool_refill(environment_id) == 1
+    [pooled] = Sandbox.objects.filter(session__isnull=True, status="ready")
+    session_id = new_session(environment_id)
+    events = turn(session_id, "/bash echo from the pool")
+    provisioned = [e for e in events if e.type == "sandbox.provisioned"][0]
+    assert provisioned.payload["sandbox_id"] == pooled.id and provisioned.payload["pooled"]
+    assert pool_refill(environment_id) == 1
+    assert Sandbox.objects.filter(session__isnull=True, status="ready").count() == 1
+
+
+def test_no_container_is_left_behind_after_a_worker_dies_mid_call_and_the_reaper_runs(brains, engine):
+    session_id = new_session()
+    session_send_events(session_id, {"events": [{"type": "user.message", "content": [
+        {"type": "text", "text": "/bash sleep 60"}]}]})
+    env = child_env(ANTHROPIC_BASE_URL=brains.base_url, SANDBOX_PROVIDER="docker")
+    worker = subprocess.Popen([sys.executable, "-c", f"import django; django.setup(); "
+                               f"from harness.brain import run_brain; run_brain({session_id!r})"],
+                              cwd=ROOT, env=env, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not any(e.type == "agent.tool_use" for e in get_events(session_id)):
+        assert time.monotonic() < deadline and worker.poll() is None
+        time.sleep(0.2)
+    time.sleep(1)
+    worker.kill()
+    worker.wait()
+    labelled = engine.containers.list(filters={"label": "workbench.managed=true"})
+    assert any(c.labels.get("workbench.sandbox") == held(session_id)[0].id for c in labelled)
+    orphan = engine.containers.run("workbench-sandbox:latest", "sleep 300", detach=True,
+                                   labels={"workbench.managed": "true", "workbench.sandbox": "sbx_nobody",
+                                           "workbench.environment": "env_orphan"})
+    session_archive(session_id)
+    assert len(reap_idle()) == 1
+    reap_orphans(("docker",))
+    remaining = [c.labels.get("workbench.sandbox") for c in
+                 engine.containers.list(all=True, filters={"label": "workbench.managed=true"})]
+    assert orphan.id not in [c.id for c in engine.containers.list(all=True)]
+    assert not [s for s in remaining if s and Sandbox.objects.filter(id=s, session_id=session_id).exists()]
+
+
+def test_a_provider_that_is_down_gives_an_error_result_and_the_session_goes_idle(brains, monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    session_id = new_session()
+    [(text, is_error)] = results(turn(session_id, "/bash echo hi"))
+    assert is_error and "could not" in text
+    failed = [e for e in get_events(session_id) if e.type == "sandbox.failed"]
+    assert failed and failed[0].payload["reason"]
+    assert get_events(session_id)[-1].type == "session.status_idle"

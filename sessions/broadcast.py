@@ -16,6 +16,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# How long the publisher waits to gather more messages into one pipeline.
+LINGER_SECONDS = 0.005
 # Larger events go out as a bare stamp; receivers read them from the database.
 INLINE_EVENT_LIMIT = 64 * 1024
 
@@ -47,7 +50,8 @@ def event_message(event: Event) -> dict[str, Any]:
 
 
 def publish_event(event: Event) -> None:
-    _publisher().put(group_name(event.session_id), event_message(event))
+    # The message is built on the publisher's thread: the appending thread only queues the event.
+    _publisher().put(group_name(event.session_id), event)
 
 
 def publish_preview(session_id: str, seq: int, preview: dict[str, Any], *, event_type: str) -> None:
@@ -62,12 +66,12 @@ def publish_preview(session_id: str, seq: int, preview: dict[str, Any], *, event
 
 class _Publisher:
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[str, dict[str, Any]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="workbench-broadcast", daemon=True)
         self._thread.start()
         atexit.register(self.close)
 
-    def put(self, group: str, message: dict[str, Any]) -> None:
+    def put(self, group: str, message: Any) -> None:
         self._queue.put((group, message))
 
     def close(self, timeout: float = 2.0) -> None:
@@ -83,14 +87,19 @@ class _Publisher:
         client = redis.Redis.from_url(config["hosts"][0])
         while True:
             batch = [self._queue.get()]
-            while len(batch) < 500:
+            # Linger a moment so a burst of appends costs one pipeline, not one round trip (and one fight
+            # for the GIL with the appending thread) each.
+            deadline = time.monotonic() + LINGER_SECONDS
+            while len(batch) < 500 and None not in batch:
                 try:
-                    batch.append(self._queue.get_nowait())
+                    batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
                     break
             stop = None in batch
             pipeline = client.pipeline(transaction=False)
             for group, message in (item for item in batch if item is not None):
+                if not isinstance(message, dict):
+                    message = event_message(message)
                 pipeline.publish(f"{prefix}__group__{group}", layer.serialize(message))
             try:
                 pipeline.execute()

@@ -74,6 +74,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     _name = str(DATABASES["default"]["NAME"])
     DATABASES["default"].setdefault("TEST", {"NAME": _name.removesuffix(".sqlite3") + "-test.sqlite3"})
 else:
+    # Appends run their statements on server-binding cursors (sessions/services/log.py); let psycopg keep
+    # them prepared. Behind a transaction-pooling PgBouncer, set DATABASE_PREPARE_THRESHOLD to "".
+    _threshold = env("DATABASE_PREPARE_THRESHOLD", default="5")
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = int(_threshold) if _threshold else None
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
 

@@ -6,7 +6,8 @@ import json
 from functools import partial
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
@@ -65,26 +66,19 @@ def emit_event(
     event_type = body.pop("type")
     uid = body.pop("id", None) or new_id("sevt")
     body.pop("processed_at", None)
-    now = timezone.now()
+    db = connections[DEFAULT_DB_ALIAS]
+    row = (db, session_id, event_type, uid, body, timezone.now(), idempotency_key, epoch)
     try:
-        with transaction.atomic():
-            row = _fetch_one(_LOCK_AND_BUMP, [now, STATUS_BY_EVENT_TYPE.get(event_type), session_id])
-            if row is None:
-                raise SessionNotFound(session_id)
-            next_seq, lease_epoch = row
-            if epoch is not None and epoch != lease_epoch:
-                raise StaleEpoch(session_id, epoch, lease_epoch)
-            if idempotency_key is not None:
-                existing = Event.objects.filter(session_id=session_id, idempotency_key=idempotency_key).first()
-                if existing is not None:
-                    raise _AlreadyEmitted(existing)
-            seq = next_seq - 1
-            (pk,) = _fetch_one(_INSERT, [uid, session_id, seq, event_type, _json(body), now, idempotency_key, epoch])
-            created = Event(id=pk, uid=uid, session_id=session_id, seq=seq, type=event_type, payload=body,
-                            processed_at=now, idempotency_key=idempotency_key, lease_epoch=epoch)
-            created._state.adding = False
-            created._state.db = connection.alias
-            transaction.on_commit(partial(publish_event, created))
+        if db.vendor == "postgresql" and not db.in_atomic_block:
+            # Alone, an append is its own transaction: run it on psycopg's, skipping Django's bookkeeping.
+            db.ensure_connection()
+            with db.wrap_database_errors, db.connection.transaction():
+                created = _append(*row)
+            publish_event(created)
+        else:
+            with transaction.atomic():
+                created = _append(*row)
+                transaction.on_commit(partial(publish_event, created))
     except _AlreadyEmitted as already:
         return already.event
     except IntegrityError:
@@ -95,19 +89,45 @@ def emit_event(
     return created
 
 
-def _fetch_one(sql: str, params: list[Any]) -> tuple[Any, ...] | None:
-    """One row of a statement run on the transaction's connection.
+def _append(
+    db: Any, session_id: str, event_type: str, uid: str, body: dict[str, Any], now: Any,
+    idempotency_key: str | None, epoch: int | None,
+) -> Event:
+    """The statements of one append, inside the caller's transaction."""
+    fetch_one = _statements(db)
+    row = fetch_one(_LOCK_AND_BUMP, [now, STATUS_BY_EVENT_TYPE.get(event_type), session_id])
+    if row is None:
+        raise SessionNotFound(session_id)
+    next_seq, lease_epoch = row
+    if epoch is not None and epoch != lease_epoch:
+        raise StaleEpoch(session_id, epoch, lease_epoch)
+    if idempotency_key is not None:
+        existing = Event.objects.filter(session_id=session_id, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            raise _AlreadyEmitted(existing)
+    seq = next_seq - 1
+    payload = Jsonb(body) if db.vendor == "postgresql" else json.dumps(body)
+    (pk,) = fetch_one(_INSERT, [uid, session_id, seq, event_type, payload, now, idempotency_key, epoch])
+    created = Event(id=pk, uid=uid, session_id=session_id, seq=seq, type=event_type, payload=body,
+                    processed_at=now, idempotency_key=idempotency_key, lease_epoch=epoch)
+    created._state.adding = False
+    created._state.db = db.alias
+    return created
 
-    On PostgreSQL the statement goes straight to psycopg with server-side binding and a prepared plan:
-    appends are the hottest path in the system, and Django's client-side quoting costs as much as the work.
+
+def _statements(db: Any) -> Any:
+    """A `fetch_one(sql, params)` on the transaction's connection.
+
+    On PostgreSQL it runs straight on psycopg, binding on the server with prepared plans: appends are the
+    hottest path in the system, and Django's client-side quoting costs as much as the work.
     """
-    if connection.vendor == "postgresql":
-        connection.ensure_connection()
-        return connection.connection.execute(sql, params, prepare=True).fetchone()
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchone()
+    if db.vendor == "postgresql":
+        cursor = psycopg.Cursor(db.connection)
+        return lambda sql, params: cursor.execute(sql, params).fetchone()
 
+    def fetch_one(sql: str, params: list[Any]) -> Any:
+        with db.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
 
-def _json(payload: dict[str, Any]) -> Any:
-    return Jsonb(payload) if connection.vendor == "postgresql" else json.dumps(payload)
+    return fetch_one

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
+from django.db.models import Subquery
+
 from sessions.models import Event, Session
 from sessions.services import SessionNotFound
 
@@ -28,15 +30,22 @@ def get_events(
 ) -> list[Event]:
     """The events at positions `[start:stop]` with Python's slice semantics (negatives count from the end).
 
-    Positions are seqs, because seqs have no gaps. `types` keeps only events of those types within the slice.
+    Positions are seqs, because seqs have no gaps, so a slice is one range scan of the (session, seq) index;
+    a negative bound is taken from the session's length in the same query.
     """
-    lo, hi, _ = slice(start, stop).indices(session_length(session_id))
-    if lo >= hi:
-        return []
-    events = Event.objects.filter(session_id=session_id, seq__gte=lo, seq__lt=hi)
+    events = Event.objects.filter(session_id=session_id, session__deleted_at__isnull=True)
+    if (start is not None and start < 0) or (stop is not None and stop < 0):
+        length = Subquery(Session.objects.filter(id=session_id, deleted_at__isnull=True).values("next_seq")[:1])
+    if start is not None:
+        events = events.filter(seq__gte=start if start >= 0 else length + start)
+    if stop is not None:
+        events = events.filter(seq__lt=stop if stop >= 0 else length + stop)
     if types is not None:
         events = events.filter(type__in=list(types))
-    return list(events.order_by("seq"))
+    found = list(events.order_by("seq"))
+    if not found:
+        session_length(session_id)  # an unknown session raises rather than looking empty
+    return found
 
 
 def events_after(session_id: str, after_seq: int, *, limit: int) -> list[Event]:

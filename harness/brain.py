@@ -172,6 +172,15 @@ def has_pending_work(session_id: str) -> bool:
 def park(brain: Brain) -> None:
     """Too many wakes in a row died: stop looping and tell the user, leaving the session idle."""
     limit = settings.WAKE_CRASH_LIMIT
+    if brain.state.open_request is not None:
+        start = brain.state.open_request
+        brain.emit({"type": "span.model_request_end", "model_request_start_id": start.uid, "is_error": True,
+                    "model_usage": {}, "error": "the worker stopped during this request"}, key=f"{start.uid}:end")
+    for call in brain.state.unanswered:
+        if not call.custom:
+            brain.emit({"type": "agent.tool_result", "tool_use_id": call.id, "is_error": True, "content": [{
+                "type": "text", "text": "The session was parked after repeated worker crashes; this call's effect "
+                                        "is unverified."}]}, key=f"{call.id}:result")
     brain.emit({"type": "session.error", "error": {
         "type": "unknown_error", "retry_status": {"type": "terminal"},
         "message": f"The brain working this session stopped unexpectedly {limit} times in a row; the session is "

@@ -38,6 +38,8 @@ class SessionState:
     last_seq: int = -1
     # Inputs are consumed by a model request or an idle that saw them (their `through_seq`).
     consumed_through: int = -1
+    # What was consumed before the open model request: a request that fails gives its inputs back.
+    consumed_before_request: int = -1
     idle_through: int = -1
     last_idle: Event | None = None
     inputs: list[Event] = field(default_factory=list)
@@ -97,10 +99,13 @@ def fold(events: Iterable[Event], state: SessionState | None = None) -> SessionS
         elif kind == "span.model_request_start":
             state.open_request = event
             state.response_calls = []
+            state.consumed_before_request = state.consumed_through
             state.consumed_through = max(state.consumed_through, payload.get("through_seq", event.seq))
         elif kind == "span.model_request_end":
             state.open_request = None
-            if not payload.get("is_error"):
+            if payload.get("is_error"):
+                state.consumed_through = max(state.consumed_before_request, state.idle_through)
+            else:
                 state.last_response_end = event
                 state.last_response_calls = state.response_calls
             for key, value in (payload.get("model_usage") or {}).items():

@@ -46,7 +46,8 @@ def provider_name(environment: Environment) -> str:
 
 def resources_for(environment: Environment, sandbox: Sandbox) -> Resources:
     limits = environment.config.get("sandbox") or {}
-    labels = {"workbench.sandbox": sandbox.id, "workbench.environment": environment.id}
+    labels = {"workbench.sandbox": sandbox.id, "workbench.environment": environment.id,
+              "workbench.deployment": settings.WORKBENCH_DEPLOYMENT}
     # No network until egress goes through the credential-adding proxy (the vault's issue).
     return Resources(image=limits.get("image") or settings.SANDBOX_IMAGE, cpus=float(limits.get("cpus", 1.0)),
                      memory_mb=int(limits.get("memory_mb", 512)), pids=int(limits.get("pids", 256)),

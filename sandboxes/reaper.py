@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
+from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
@@ -36,7 +37,10 @@ def reap_idle() -> list[str]:
 
 
 def reap_orphans(providers: tuple[str, ...] = PROVIDERS) -> list[str]:
-    """Remove sandboxes the provider still runs but no provisioning or ready row claims (a killed worker's)."""
+    """Remove sandboxes the provider still runs but no provisioning or ready row claims (a killed worker's).
+
+    Only this deployment's: an engine may be shared with other deployments and their sandboxes.
+    """
     Sandbox.objects.filter(status=Sandbox.Status.PROVISIONING,
                            created_at__lt=timezone.now() - PROVISIONING_GRACE).update(status=Sandbox.Status.DEAD)
     live = set(Sandbox.objects.filter(Q(status=Sandbox.Status.READY) | Q(status=Sandbox.Status.PROVISIONING))
@@ -50,6 +54,8 @@ def reap_orphans(providers: tuple[str, ...] = PROVIDERS) -> list[str]:
             logger.info("reaper: provider %s unavailable: %s", name, error)
             continue
         for handle, labels in handles.items():
+            if labels.get("workbench.deployment") != settings.WORKBENCH_DEPLOYMENT:
+                continue
             if labels.get("workbench.sandbox") not in live:
                 try:
                     provider.terminate(handle)

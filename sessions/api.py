@@ -11,6 +11,7 @@ from sessions.event_types import validate_types_filter
 from sessions.models import Session
 from sessions.selectors import get_session, list_events
 from sessions.serializers import session_json
+from sessions.services.fork import session_fork
 from sessions.services.lifecycle import (
     session_archive,
     session_create,
@@ -23,7 +24,14 @@ from sessions.stream import sse_tail
 from workbench.api.endpoint import async_endpoint, endpoint
 from workbench.api.errors import InvalidRequest, NotFound
 from workbench.api.pagination import decode_cursor, encode_cursor, keyset_page
-from workbench.api.validation import query_bool, query_choice, query_datetime_ranges, query_int
+from workbench.api.validation import (
+    no_unknown_fields,
+    query_bool,
+    query_choice,
+    query_datetime_ranges,
+    query_int,
+    text,
+)
 
 STATUSES = tuple(Session.Status.values)
 
@@ -80,6 +88,16 @@ def sessions_archive(request: HttpRequest, session_id: str) -> dict[str, Any]:
     return session_json(session_archive(session_id))
 
 
+def sessions_fork(request: HttpRequest, session_id: str) -> dict[str, Any]:
+    """Workbench's own: `{"at_seq": N, "harness"?, "title"?}` forks the session from event N."""
+    body = request.json  # type: ignore[attr-defined]
+    no_unknown_fields(body, ("at_seq", "harness", "title"), "fork")
+    if "at_seq" not in body:
+        raise InvalidRequest("'at_seq' is required: the fork copies events [0:at_seq].")
+    return session_json(session_fork(session_id, at_seq=body["at_seq"], harness=body.get("harness"),
+                                     title=text(body, "title", nullable=True, max_length=500, default=None)))
+
+
 def events_list(request: HttpRequest, session_id: str) -> dict[str, Any]:
     params = request.GET
     _session(session_id)
@@ -119,5 +137,6 @@ async def events_stream(request: HttpRequest, session_id: str) -> StreamingHttpR
 collection = endpoint(GET=sessions_list, POST=sessions_create)
 item = endpoint(GET=sessions_retrieve, POST=sessions_update, DELETE=sessions_delete)
 archive = endpoint(POST=sessions_archive)
+fork = endpoint(POST=sessions_fork)
 events = endpoint(GET=events_list, POST=events_send)
 stream = async_endpoint(GET=events_stream)

@@ -64,8 +64,10 @@ def children_database_url() -> str:
 
 
 def child_env(**extra: str) -> dict[str, str]:
+    from django.conf import settings
+
     env = dict(os.environ, DATABASE_URL=children_database_url(), PYTHONPATH=str(ROOT),
-               DJANGO_SETTINGS_MODULE="workbench.settings")
+               DJANGO_SETTINGS_MODULE="workbench.settings", WORKBENCH_DEPLOYMENT=settings.WORKBENCH_DEPLOYMENT)
     env.update(extra)
     return env
 

@@ -166,6 +166,10 @@ CELERY_BEAT_SCHEDULE = {
 # Sandboxes: "docker" (hardened containers) or "local" (bubblewrap); see sandboxes/providers.
 SANDBOX_PROVIDER = env("SANDBOX_PROVIDER", default="docker")
 SANDBOX_IMAGE = env("SANDBOX_IMAGE", default="workbench-sandbox:latest")
+# Labels this deployment's sandboxes, so the reaper only ever removes its own on a shared engine.
+_database = DATABASES["default"]
+WORKBENCH_DEPLOYMENT = env("WORKBENCH_DEPLOYMENT", default=__import__("hashlib").sha1(
+    f"{_database.get('HOST')}:{_database.get('PORT')}/{_database.get('NAME')}".encode()).hexdigest()[:12])
 # "lazy": a sandbox is provisioned by the first tool call that needs one. "eager" ("coupled"): the
 # session's first turn provisions it before the first model call, for the latency comparison.
 SANDBOX_PROVISIONING = env("SANDBOX_PROVISIONING", default="lazy")

@@ -17,6 +17,7 @@ v1 = [
     path("v1/sessions", sessions.collection),
     path("v1/sessions/<str:session_id>", sessions.item),
     path("v1/sessions/<str:session_id>/archive", sessions.archive),
+    path("v1/sessions/<str:session_id>/fork", sessions.fork),
     path("v1/sessions/<str:session_id>/events", sessions.events),
     path("v1/sessions/<str:session_id>/events/stream", sessions.stream),
     path("v1/sessions/<str:session_id>/sandboxes", environments.session_sandboxes),

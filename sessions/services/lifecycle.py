@@ -130,6 +130,15 @@ def _queue_wake(session_id: str) -> None:
     transaction.on_commit(lambda: wake.delay(session_id))
 
 
+def queue_wake_if_pending(session_id: str) -> None:
+    """Wake a brain on commit when the log shows work (a fork that ends mid-turn or on a question)."""
+    from harness.brain import has_pending_work
+
+    if has_pending_work(session_id):
+        Session.objects.filter(id=session_id).update(status=Session.Status.RUNNING)
+        _queue_wake(session_id)
+
+
 def _append_user_events(session: Session, events: list[dict[str, Any]]) -> list[Event]:
     created = [emit_event(session.id, event) for event in events]
     kinds = {event["type"] for event in events}

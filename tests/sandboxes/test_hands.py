@@ -8,6 +8,7 @@ import time
 
 import docker
 import pytest
+from django.conf import settings
 from django.test import override_settings
 
 from harness import model
@@ -170,13 +171,20 @@ def test_no_container_is_left_behind_after_a_worker_dies_mid_call_and_the_reaper
     assert any(c.labels.get("workbench.sandbox") == held(session_id)[0].id for c in labelled)
     orphan = engine.containers.run("workbench-sandbox:latest", "sleep 300", detach=True,
                                    labels={"workbench.managed": "true", "workbench.sandbox": "sbx_nobody",
-                                           "workbench.environment": "env_orphan"})
+                                           "workbench.environment": "env_orphan",
+                                           "workbench.deployment": settings.WORKBENCH_DEPLOYMENT})
+    elsewhere = engine.containers.run("workbench-sandbox:latest", "sleep 300", detach=True,
+                                      labels={"workbench.managed": "true", "workbench.sandbox": "sbx_theirs",
+                                              "workbench.environment": "env_theirs",
+                                              "workbench.deployment": "another-deployment"})
     session_archive(session_id)
     assert len(reap_idle()) == 1
     reap_orphans(("docker",))
     remaining = [c.labels.get("workbench.sandbox") for c in
                  engine.containers.list(all=True, filters={"label": "workbench.managed=true"})]
     assert orphan.id not in [c.id for c in engine.containers.list(all=True)]
+    assert elsewhere.id in [c.id for c in engine.containers.list(all=True)], "another deployment's is kept"
+    elsewhere.remove(force=True)
     assert not [s for s in remaining if s and Sandbox.objects.filter(id=s, session_id=session_id).exists()]
 
 

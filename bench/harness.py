@@ -1,0 +1,733 @@
+"""The brain's benchmark: how fast a killed turn resumes, and what the harness itself costs per model call.
+
+Resume: a turn streams a long answer from the offline model on one of three Celery workers (prefork,
+concurrency 1) while beat runs the sweeper; at a random moment of the stream the worker holding the lease
+is SIGKILLed together with its pool child, so nothing requeues its task. Measured per kill: from the kill
+to the first event the resumed turn writes (the `brain.recovered` of the sweeper's wake), by that event's
+own timestamp. The lease the dead brain left is part of it, so the lease left at the kill is reported
+too: the resume time is bounded below by it, and the rest is the sweeper's period plus the wake. Each
+killed worker is replaced, and the replacement is ready, before the next kill.
+
+Overhead: in this process, `run_brain` answers one-line messages, one wake and one model call each, from
+an offline model in another process with zero latency. Per call: the wall time of the model step (the
+context, the `span.model_request_start`, the streamed request through the SDK with its previews, and the
+recorded response) minus the time the model server spent on the request, timed in the server process
+from the request's arrival to its last byte. The same for 500-word answers (500 streamed deltas, each a
+preview), and per wake (all of `run_brain`, minus the server's time).
+
+Usage: .venv/bin/python -m bench.harness [--quick] [--kills N] [--calls N] [--lease-seconds S]
+       [--sweep-seconds S] [--database-url URL] [--redis-url URL] [--note TEXT]
+
+Without a database URL (or BENCH_DATABASE_URL) it starts its own PostgreSQL (default durability) and Redis
+as bench/log.py does, and removes them at the end. It prints a table, writes bench/results/harness.json
+and harness.png (harness-quick.* with --quick), and exits 0 whether or not the targets are met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # so that `python bench/harness.py` works as well as `python -m bench.harness`
+    sys.path.insert(0, str(ROOT))
+
+from bench.log import machine_info, percentile, say, services, setup_django  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+
+RESUME_P50_TARGET_S = 2.0
+RESUME_P95_TARGET_S = 5.0
+OVERHEAD_P50_TARGET_MS = 10.0
+LONG_WORDS = 500
+
+
+@dataclass(frozen=True)
+class Plan:
+    kills: int
+    calls: int  # timed model calls per answer length (after the warm-up)
+    warmup: int = 10
+    workers: int = 3
+
+
+DEFAULT = Plan(kills=30, calls=100)
+QUICK = Plan(kills=6, calls=30, warmup=5)
+
+
+@dataclass
+class Kill:
+    resume_s: float  # SIGKILL → the resumed turn's first event
+    lease_left_s: float  # how long the dead brain's lease still ran at the kill
+    killed_after_s: float  # how far into the stream the kill came
+    completed: bool  # the resumed turn went on to answer and end idle
+
+
+@dataclass
+class Call:
+    step_ms: float  # the CallModel step, wall time
+    server_ms: float  # the model server's own time for the request
+    before_ms: float  # status, context and span.model_request_start, before the request goes out
+    stream_ms: float  # stream_response, wall time (includes server_ms)
+    wake_ms: float  # the whole run_brain of the wake that made the call
+
+    @property
+    def overhead_ms(self) -> float:
+        return self.step_ms - self.server_ms
+
+
+@dataclass
+class Settings:
+    lease_seconds: float
+    sweep_seconds: float
+    interrupt_poll_seconds: float = 0.2
+
+
+# --- The offline model, timed in its own process ---------------------------------------------------------
+
+
+def serve_model(timings: Path) -> None:
+    """The offline model server, appending each /v1/messages request's time in the server to `timings`."""
+    from harness.offline_model import server
+
+    handler = server._Handler
+    original = handler.do_POST
+
+    def timed(self: Any) -> None:
+        began = time.perf_counter()
+        original(self)
+        if self.path.startswith("/v1/messages"):
+            with open(timings, "a") as out:
+                out.write(f"{(time.perf_counter() - began) * 1000:.4f}\n")
+
+    handler.do_POST = timed  # type: ignore[method-assign]
+    model = server.OfflineModelServer(("127.0.0.1", 0))
+    print(model.base_url, flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    model.serve_forever()
+
+
+@contextlib.contextmanager
+def timed_model(folder: Path) -> Iterator[tuple[str, Path]]:
+    timings = folder / "model-timings.txt"
+    timings.touch()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.harness", "--serve-model", str(timings)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip()
+        if not url.startswith("http"):
+            raise SystemExit("bench/harness: the offline model did not start")
+        yield url, timings
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def set_latency(base_url: str, *, ttft_ms: float = 0, tps: float = 0) -> None:
+    import httpx
+
+    httpx.post(
+        f"{base_url}/_control/latency", json={"ttft_ms": ttft_ms, "tps": tps}, timeout=5
+    ).raise_for_status()
+
+
+def model_stats(base_url: str) -> dict[str, Any]:
+    import httpx
+
+    return httpx.get(f"{base_url}/_control/stats", timeout=5).json()
+
+
+# --- Sessions ---------------------------------------------------------------------------------------------
+
+
+def new_session(text: str | None) -> str:
+    from harness.agents import agent_create
+    from sandboxes.environments import environment_create
+    from sessions.services.lifecycle import session_create
+
+    agent = agent_create({"name": "bench", "model": "claude-sonnet-5-5"}).agent_id
+    environment = environment_create({"name": "bench"}).id
+    initial = [{"type": "user.message", "content": [{"type": "text", "text": text}]}] if text else []
+    return session_create({"agent": agent, "environment_id": environment, "initial_events": initial}).id
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+    return value
+
+
+# --- Resume after SIGKILL -------------------------------------------------------------------------------
+
+
+class Processes:
+    """Celery workers (each its own process group) and beat, started against the benchmark's services."""
+
+    def __init__(self, folder: Path, env: dict[str, str]):
+        self.folder = folder
+        self.env = env
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.logs: dict[int, Path] = {}
+        self.beat: subprocess.Popen[bytes] | None = None
+
+    def _popen(self, command: list[str], log_name: str) -> subprocess.Popen[bytes]:
+        with open(self.folder / log_name, "ab") as log:
+            process = subprocess.Popen(
+                command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.logs[process.pid] = self.folder / log_name
+        return process
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        name = f"bench-{uuid.uuid4().hex[:8]}"
+        process = self._popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workbench",
+                "worker",
+                "--pool",
+                "prefork",
+                "--concurrency",
+                "1",
+                "--hostname",
+                f"{name}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-l",
+                "INFO",
+            ],
+            f"{name}.log",
+        )
+        self.workers.append(process)
+        return process
+
+    def log(self, process: subprocess.Popen[bytes]) -> str:
+        return self.logs[process.pid].read_text(errors="replace")
+
+    def ready(self, process: subprocess.Popen[bytes]) -> bool:
+        if process.poll() is not None:
+            raise SystemExit(f"bench/harness: a worker exited:\n{self.log(process)[-2000:]}")
+        return " ready." in self.log(process)
+
+    def start_beat(self) -> None:
+        self.beat = self._popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workbench",
+                "beat",
+                "-s",
+                str(self.folder / "beat"),
+                "--max-interval",
+                "1",
+                "-l",
+                "INFO",
+            ],
+            "beat.log",
+        )
+
+        def swept() -> bool:
+            beat = (self.folder / "beat.log").read_text(errors="replace")
+            if "Couldn't apply scheduled task" in beat:
+                line = next(line for line in beat.splitlines() if "Couldn't apply scheduled task" in line)
+                raise SystemExit(
+                    f"bench/harness: celery beat cannot send the sweeper, so nothing resumes a "
+                    f"killed turn:\n{line}"
+                )
+            return any(
+                "harness.tasks.sweep[" in self.log(w) and "succeeded" in self.log(w) for w in self.workers
+            )
+
+        wait_for(swept, 60, "the first sweep")
+
+    def holder(self, owner: str) -> subprocess.Popen[bytes] | None:
+        pid = int(owner.rsplit(":", 1)[1])
+        for worker in self.workers:
+            with contextlib.suppress(ProcessLookupError):
+                if worker.poll() is None and os.getpgid(pid) == worker.pid:
+                    return worker
+        return None
+
+    def kill(self, worker: subprocess.Popen[bytes]) -> float:
+        """SIGKILL the worker's process group; returns the wall-clock time of the kill."""
+        at = time.time()
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(10)
+        self.workers.remove(worker)
+        return at
+
+    def close(self) -> None:
+        for process in [*self.workers, *([self.beat] if self.beat else [])]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+
+
+def one_kill(processes: Processes, model_url: str, rng: random.Random) -> Kill:
+    from harness.brain import has_pending_work
+    from sessions.models import Event, Session
+
+    set_latency(model_url, tps=1000)  # 3000 words: a three-second stream
+    session_id = new_session("/long 3000")
+    wait_for(
+        lambda: (
+            Session.objects.filter(id=session_id).exclude(lease_owner="").exists()
+            and model_stats(model_url)["in_flight"] == 1
+        ),
+        30,
+        "the model to stream",
+    )
+    streaming_since = time.monotonic()
+    time.sleep(rng.uniform(0.2, 2.0))
+    owner = Session.objects.values_list("lease_owner", flat=True).get(id=session_id)
+    victim = processes.holder(owner)
+    if victim is None or model_stats(model_url)["in_flight"] != 1:
+        raise RuntimeError(f"the brain of {session_id} is not streaming (owner {owner!r})")
+    killed_at = processes.kill(victim)
+    killed_after = time.monotonic() - streaming_since
+    set_latency(model_url, tps=0)
+    session = Session.objects.get(id=session_id)
+    lease_left = session.lease_expires_at.timestamp() - killed_at
+    resumed = wait_for(
+        lambda: (
+            Event.objects.filter(session_id=session_id, lease_epoch__gt=session.lease_epoch)
+            .order_by("seq")
+            .first()
+        ),
+        60,
+        "the resumed turn's first event",
+    )
+    replacement = processes.start_worker()
+
+    def done() -> bool:
+        row = Session.objects.get(id=session_id)
+        return row.status == Session.Status.IDLE and not row.lease_owner and not has_pending_work(session_id)
+
+    try:
+        completed = bool(wait_for(done, 10, "the resumed turn to end"))
+    except TimeoutError:
+        completed = False
+    wait_for(lambda: processes.ready(replacement), 60, "the replacement worker")
+    return Kill(resumed.processed_at.timestamp() - killed_at, lease_left, killed_after, completed)
+
+
+def measure_resume(
+    plan: Plan, settings: Settings, database_url: str, redis_url: str, model_url: str, folder: Path
+) -> list[Kill]:
+    from django.db import connections
+
+    env = dict(
+        os.environ,
+        DATABASE_URL=database_url,
+        REDIS_URL=redis_url,
+        PYTHONPATH=str(ROOT),
+        DJANGO_SETTINGS_MODULE="workbench.settings",
+        ANTHROPIC_BASE_URL=model_url,
+        ANTHROPIC_API_KEY="",
+        LEASE_SECONDS=str(settings.lease_seconds),
+        SWEEP_SECONDS=str(settings.sweep_seconds),
+        INTERRUPT_POLL_SECONDS=str(settings.interrupt_poll_seconds),
+        PYTHONUNBUFFERED="1",
+        REAP_SECONDS="86400",  # the reaper would remove every other deployment's containers on this engine
+    )
+    processes = Processes(folder, env)
+    rng = random.Random(7)
+    kills: list[Kill] = []
+    try:
+        say(f"starting {plan.workers} celery workers and beat")
+        started = [processes.start_worker() for _ in range(plan.workers)]
+        wait_for(lambda: all(processes.ready(w) for w in started), 60, "the workers")
+        processes.start_beat()
+        for i in range(plan.kills):
+            kill = one_kill(processes, model_url, rng)
+            kills.append(kill)
+            say(
+                f"  kill {i + 1:>2}/{plan.kills}: resumed in {kill.resume_s:5.2f} s (lease left {kill.lease_left_s:4.2f}"
+                f" s, killed {kill.killed_after_s:4.2f} s into the stream)"
+                + ("" if kill.completed else "  -- the resumed turn did not finish")
+            )
+            connections.close_all()
+    finally:
+        processes.close()
+    return kills
+
+
+# --- Harness overhead per model call ---------------------------------------------------------------------
+
+
+def measure_overhead(plan: Plan, model_url: str, timings: Path, text: str) -> list[Call]:
+    """Answer `text` warmup + calls times in one session, each message its own wake, in this process."""
+    from django.db import connections
+
+    from harness import brain as brain_module
+    from harness.harnesses import steps
+    from sessions.models import Session
+    from sessions.services import emit_event
+
+    set_latency(model_url)
+    session_id = new_session(None)
+    phases: dict[str, float] = {}
+    step_run, stream = steps.CallModel.run, steps.stream_response
+
+    def timed_step(self: Any, brain: Any) -> None:
+        phases["step_at"] = time.perf_counter()
+        step_run(self, brain)
+        phases["step"] = time.perf_counter() - phases["step_at"]
+
+    def timed_stream(*args: Any, **kwargs: Any) -> Any:
+        phases["request_at"] = time.perf_counter()
+        try:
+            return stream(*args, **kwargs)
+        finally:
+            phases["stream"] = time.perf_counter() - phases["request_at"]
+
+    steps.CallModel.run = timed_step  # type: ignore[method-assign]
+    steps.stream_response = timed_stream
+    calls: list[Call] = []
+    try:
+        for i in range(plan.warmup + plan.calls):
+            served_before = len(timings.read_text().split())
+            emit_event(session_id, {"type": "user.message", "content": [{"type": "text", "text": text}]})
+            Session.objects.filter(id=session_id).update(status=Session.Status.RUNNING)
+            phases.clear()
+            began = time.perf_counter()
+            outcome = brain_module.run_brain(session_id)
+            wake = time.perf_counter() - began
+            served = [float(x) for x in timings.read_text().split()][served_before:]
+            if outcome != "idle" or len(served) != 1:
+                raise RuntimeError(f"a wake made {len(served)} model requests and ended {outcome!r}")
+            if i >= plan.warmup:
+                calls.append(
+                    Call(
+                        step_ms=phases["step"] * 1000,
+                        server_ms=served[0],
+                        before_ms=(phases["request_at"] - phases["step_at"]) * 1000,
+                        stream_ms=phases["stream"] * 1000,
+                        wake_ms=wake * 1000,
+                    )
+                )
+            if (i + 1) % 25 == 0:
+                say(f"  {i + 1:>3}/{plan.warmup + plan.calls} calls")
+    finally:
+        steps.CallModel.run = step_run  # type: ignore[method-assign]
+        steps.stream_response = stream
+        connections.close_all()
+    return calls
+
+
+def drain_broadcasts(timeout: float = 300.0) -> dict[str, float]:
+    """Wait for this process's broadcaster to publish what the timed calls queued (previews mostly), so that
+    nothing is left to fail once Redis stops; returns how much there was and how long it took."""
+    from sessions import broadcast
+
+    publisher = broadcast._instance
+    if publisher is None:
+        return {"queued_after_calls": 0, "drain_s": 0.0}
+    queued = publisher._queue.qsize()
+    began = time.monotonic()
+    if queued:
+        say(f"waiting for {queued:,} queued broadcasts (previews of the timed calls) to go out")
+        wait_for(publisher._queue.empty, timeout, "the broadcaster to drain", every=0.1)
+    return {"queued_after_calls": queued, "drain_s": round(time.monotonic() - began, 2)}
+
+
+# --- Report ---------------------------------------------------------------------------------------------
+
+
+def summary(kills: list[Kill], short: list[Call], long: list[Call]) -> list[dict[str, Any]]:
+    def row(metric: str, values: list[float], unit: str, target: str, met: bool | None) -> dict[str, Any]:
+        return {
+            "metric": metric,
+            "n": len(values),
+            "p50": round(percentile(values, 0.5), 3),
+            "p95": round(percentile(values, 0.95), 3),
+            "unit": unit,
+            "target": target,
+            "result": "-" if met is None else ("met" if met else "MISSED"),
+        }
+
+    resume = [k.resume_s for k in kills]
+    rows = [
+        row(
+            "resume: SIGKILL -> resumed turn's next event",
+            resume,
+            "s",
+            f"p50 <= {RESUME_P50_TARGET_S:g} s, p95 <= {RESUME_P95_TARGET_S:g} s",
+            percentile(resume, 0.5) <= RESUME_P50_TARGET_S
+            and percentile(resume, 0.95) <= RESUME_P95_TARGET_S,
+        ),
+        row("  of which the dead brain's lease left", [k.lease_left_s for k in kills], "s", "", None),
+        row(
+            "  of which after the lease expired", [k.resume_s - k.lease_left_s for k in kills], "s", "", None
+        ),
+    ]
+    for label, calls in (("one-line answer", short), (f"{LONG_WORDS}-word streamed answer", long)):
+        overhead = [c.overhead_ms for c in calls]
+        rows += [
+            row(
+                f"overhead per model call ({label})",
+                overhead,
+                "ms",
+                f"p50 <= {OVERHEAD_P50_TARGET_MS:g} ms",
+                percentile(overhead, 0.5) <= OVERHEAD_P50_TARGET_MS,
+            ),
+            row(
+                "  before the request (status, context, span start)",
+                [c.before_ms for c in calls],
+                "ms",
+                "",
+                None,
+            ),
+            row(
+                "  streaming, client side (SDK, previews)",
+                [c.stream_ms - c.server_ms for c in calls],
+                "ms",
+                "",
+                None,
+            ),
+            row(
+                "  recording the response (one transaction)",
+                [c.step_ms - c.before_ms - c.stream_ms for c in calls],
+                "ms",
+                "",
+                None,
+            ),
+            row("  model server's own time (excluded)", [c.server_ms for c in calls], "ms", "", None),
+            row(
+                "  per wake (run_brain - server time)",
+                [c.wake_ms - c.server_ms for c in calls],
+                "ms",
+                "",
+                None,
+            ),
+        ]
+    return rows
+
+
+def table(rows: list[dict[str, Any]], settings: Settings, kills: list[Kill]) -> str:
+    lines = [f"{'metric':<50}{'n':>4}{'p50':>9}{'p95':>9}  {'unit':<5}{'target':<28}result", "-" * 112]
+    for r in rows:
+        lines.append(
+            f"{r['metric']:<50}{r['n']:>4}{r['p50']:>9.3f}{r['p95']:>9.3f}  {r['unit']:<5}"
+            f"{r['target']:<28}{r['result']}"
+        )
+    completed = sum(k.completed for k in kills)
+    lines += [
+        "",
+        f"settings of the workers: LEASE_SECONDS={settings.lease_seconds:g} (renewed every "
+        f"~{settings.lease_seconds / 3:.2f} s at {settings.interrupt_poll_seconds:g} s ticks), "
+        f"SWEEP_SECONDS={settings.sweep_seconds:g}; a resume cannot be faster than the lease left at the "
+        "kill.",
+        f"resumed turns that went on to finish idle: {completed} of {len(kills)}",
+    ]
+    return "\n".join(lines)
+
+
+def plot(path: Path, kills: list[Kill], short: list[Call], long: list[Call], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    order = sorted(range(len(kills)), key=lambda i: kills[i].resume_s)
+    xs = [(rank + 1) / len(kills) for rank in range(len(kills))]
+    left.plot(
+        [kills[i].resume_s for i in order],
+        xs,
+        "o-",
+        color="#3b6ea8",
+        markersize=3,
+        label="SIGKILL -> next event",
+    )
+    left.plot(
+        sorted(k.lease_left_s for k in kills), xs, ".--", color="#b0b0b0", label="lease left at the kill"
+    )
+    left.axvline(RESUME_P50_TARGET_S, color="#a33", linestyle=":", linewidth=0.8, label="p50 target")
+    left.axvline(RESUME_P95_TARGET_S, color="#a33", linestyle="--", linewidth=0.8, label="p95 target")
+    left.set_xlabel("seconds")
+    left.set_ylabel("fraction of kills")
+    left.set_title(f"Resume after SIGKILL ({len(kills)} kills)")
+    left.set_xlim(left=0)
+    left.legend(fontsize=8)
+    for calls, colour, label in (
+        (short, "#3b6ea8", "one-line answer"),
+        (long, "#d0803a", f"{LONG_WORDS} words"),
+    ):
+        right.plot(range(1, len(calls) + 1), [c.overhead_ms for c in calls], ".", color=colour, label=label)
+    right.axhline(OVERHEAD_P50_TARGET_MS, color="#a33", linestyle=":", linewidth=0.8, label="p50 target")
+    right.set_xlabel("model call (the session's log grows with each)")
+    right.set_ylabel("ms: model step minus the model server's time")
+    right.set_title("Harness overhead per model call")
+    right.set_ylim(bottom=0)
+    right.legend(fontsize=8)
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help=f"a smoke run: {QUICK.kills} kills, {QUICK.calls} calls"
+    )
+    parser.add_argument("--kills", type=int, help=f"kills to time (default {DEFAULT.kills})")
+    parser.add_argument(
+        "--calls", type=int, help=f"model calls to time per answer length (default {DEFAULT.calls})"
+    )
+    parser.add_argument(
+        "--lease-seconds", type=float, default=1.5, help="the workers' LEASE_SECONDS (default 1.5)"
+    )
+    parser.add_argument(
+        "--sweep-seconds", type=float, default=0.25, help="the workers' SWEEP_SECONDS (default 0.25)"
+    )
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("BENCH_DATABASE_URL"),
+        help="use this PostgreSQL database instead of starting one (env BENCH_DATABASE_URL)",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("BENCH_REDIS_URL"),
+        help="use this Redis instead of starting one (env BENCH_REDIS_URL)",
+    )
+    parser.add_argument(
+        "--note", default="", help="a remark saved with the results (e.g. what code was measured)"
+    )
+    parser.add_argument("--serve-model", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_model:
+        serve_model(args.serve_model)
+        return 0
+    plan = QUICK if args.quick else DEFAULT
+    plan = Plan(
+        kills=args.kills or plan.kills,
+        calls=args.calls or plan.calls,
+        warmup=plan.warmup,
+        workers=plan.workers,
+    )
+    settings = Settings(args.lease_seconds, args.sweep_seconds)
+    began = time.monotonic()
+
+    with (
+        services(args.database_url, args.redis_url) as (database_url, redis_url),
+        tempfile.TemporaryDirectory(prefix="workbench-bench-harness.") as scratch,
+    ):
+        folder = Path(scratch)
+        with timed_model(folder) as (model_url, timings):
+            os.environ.update(ANTHROPIC_BASE_URL=model_url, ANTHROPIC_API_KEY="")
+            setup_django(database_url, redis_url)
+            # A line per HTTP request (the SDK's, the control calls') would drown the progress.
+            logging.getLogger().setLevel(logging.WARNING)
+            from django.core.management import call_command
+            from django.db import connection
+
+            if connection.vendor != "postgresql":
+                raise SystemExit(f"bench/harness: needs PostgreSQL, not {connection.vendor}")
+            call_command("migrate", verbosity=0)
+            machine = machine_info()
+            say(
+                f"{machine['nproc']} CPUs, PostgreSQL {machine['postgresql']['server_version']} "
+                f"(fsync={machine['postgresql']['fsync']}); offline model at {model_url}"
+            )
+            say(
+                f"resume: {plan.kills} kills with LEASE_SECONDS={settings.lease_seconds:g}, "
+                f"SWEEP_SECONDS={settings.sweep_seconds:g}"
+            )
+            kills = measure_resume(plan, settings, database_url, redis_url, model_url, folder)
+            say(
+                f"overhead: {plan.warmup} warm-up + {plan.calls} timed model calls per answer length, in-process"
+            )
+            short = measure_overhead(plan, model_url, timings, "hello")
+            long = measure_overhead(plan, model_url, timings, f"/long {LONG_WORDS}")
+            backlog = drain_broadcasts()
+            machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+
+    rows = summary(kills, short, long)
+    report = table(rows, settings, kills)
+    say("")
+    say(report)
+    met = sum(r["result"] == "met" for r in rows)
+    total = sum(r["result"] != "-" for r in rows)
+    say("")
+    say(
+        f"targets met: {met} of {total}"
+        + ("" if met == total else " (a benchmark reports; exit status stays 0)")
+    )
+
+    stem = "harness-quick" if args.quick else "harness"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result = {
+        "benchmark": "harness",
+        "quick": args.quick,
+        "note": args.note,
+        "machine": machine,
+        "plan": asdict(plan),
+        "settings": asdict(settings),
+        "seconds": round(time.monotonic() - began, 1),
+        "summary": rows,
+        "samples": {
+            "resume_s": [round(k.resume_s, 4) for k in kills],
+            "lease_left_s": [round(k.lease_left_s, 4) for k in kills],
+            "killed_after_s": [round(k.killed_after_s, 3) for k in kills],
+            "resumed_turn_completed": [k.completed for k in kills],
+            "overhead_ms_one_line": [round(c.overhead_ms, 3) for c in short],
+            f"overhead_ms_{LONG_WORDS}_words": [round(c.overhead_ms, 3) for c in long],
+            "server_ms_one_line": [round(c.server_ms, 3) for c in short],
+            f"server_ms_{LONG_WORDS}_words": [round(c.server_ms, 3) for c in long],
+        },
+        "broadcast_backlog": backlog,
+        "means": {
+            "resume_s": round(statistics.fmean(k.resume_s for k in kills), 3),
+            "overhead_ms_one_line": round(statistics.fmean(c.overhead_ms for c in short), 3),
+        },
+        "targets": {"met": met, "total": total},
+        "table": report,
+    }
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(
+        RESULTS / f"{stem}.png",
+        kills,
+        short,
+        long,
+        f"bench/harness on {machine['nproc']} CPUs, LEASE_SECONDS={settings.lease_seconds:g}, "
+        f"SWEEP_SECONDS={settings.sweep_seconds:g}, {machine['date']}",
+    )
+    say(f"wrote {RESULTS.relative_to(ROOT)}/{stem}.json and {stem}.png ({result['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    # Stop on SIGTERM as on Ctrl-C, so the private PostgreSQL and Redis are stopped and removed.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    sys.exit(main())

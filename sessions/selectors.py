@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from django.db.models import Subquery
-
 from sessions.models import Event, Session
 from sessions.services import SessionNotFound
 
@@ -30,16 +28,26 @@ def get_events(
 ) -> list[Event]:
     """The events at positions `[start:stop]` with Python's slice semantics (negatives count from the end).
 
-    Positions are seqs, because seqs have no gaps, so a slice is one range scan of the (session, seq) index;
-    a negative bound is taken from the session's length in the same query.
+    Positions are seqs, because seqs have no gaps, so a slice is one range scan of the (session, seq) index.
+    Only a negative bound needs the session's length first; the range is then passed as constants, which
+    lets the planner use the index however long the session is.
     """
     events = Event.objects.filter(session_id=session_id, session__deleted_at__isnull=True)
+    if start is not None and start < 0 and stop is None:
+        # The tail, the commonest read: one backward index scan, no length needed.
+        found = list(events.order_by("-seq")[:-start])[::-1]
+        if not found:
+            session_length(session_id)
+        wanted = None if types is None else set(types)
+        return found if wanted is None else [event for event in found if event.type in wanted]
     if (start is not None and start < 0) or (stop is not None and stop < 0):
-        length = Subquery(Session.objects.filter(id=session_id, deleted_at__isnull=True).values("next_seq")[:1])
+        length = session_length(session_id)
+        start = None if start is None else (start if start >= 0 else length + start)
+        stop = None if stop is None else (stop if stop >= 0 else length + stop)
     if start is not None:
-        events = events.filter(seq__gte=start if start >= 0 else length + start)
+        events = events.filter(seq__gte=start)
     if stop is not None:
-        events = events.filter(seq__lt=stop if stop >= 0 else length + stop)
+        events = events.filter(seq__lt=stop)
     if types is not None:
         events = events.filter(type__in=list(types))
     found = list(events.order_by("seq"))

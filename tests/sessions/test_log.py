@@ -121,8 +121,11 @@ def test_get_events_reads_by_keyset_never_offset(session_id):
         emit_event(session_id, message(str(i)))
     with CaptureQueriesContext(connection) as queries:
         get_events(session_id, -2)
-    sql = " ".join(q["sql"] for q in queries.captured_queries).upper()
-    assert "OFFSET" not in sql and '"SEQ" >=' in sql
+        get_events(session_id, 1, -1)
+    tail, middle = (q["sql"].upper() for q in (queries.captured_queries[0], queries.captured_queries[-1]))
+    assert "OFFSET" not in tail + middle
+    assert 'ORDER BY "AGENT_SESSIONS_EVENT"."SEQ" DESC' in tail and "LIMIT 2" in tail
+    assert '"SEQ" >= 1' in middle and '"SEQ" < 4' in middle
 
 
 @pytest.mark.django_db(transaction=True)

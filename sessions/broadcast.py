@@ -12,7 +12,6 @@ round trip, and messages from one process keep their order.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import queue
 import threading
@@ -38,15 +37,21 @@ def group_name(session_id: str) -> str:
     return f"session.{session_id}"
 
 
-def event_message(event: Event) -> dict[str, Any]:
-    body = event.as_api()
-    inline = len(json.dumps(body, default=str)) <= INLINE_EVENT_LIMIT
+def event_message(event: Event, *, inline: bool = True) -> dict[str, Any]:
     return {
         "type": "session.event",
         "session": event.session_id,
         "seq": event.seq,
-        "event": body if inline else None,
+        "event": event.as_api() if inline else None,
     }
+
+
+def _wire(layer: Any, message: Any) -> bytes:
+    """The serialized message; an event too large to inline goes out as its bare stamp."""
+    if isinstance(message, dict):
+        return layer.serialize(message)
+    data = layer.serialize(event_message(message))
+    return data if len(data) <= INLINE_EVENT_LIMIT else layer.serialize(event_message(message, inline=False))
 
 
 def publish_event(event: Event) -> None:
@@ -98,9 +103,7 @@ class _Publisher:
             stop = None in batch
             pipeline = client.pipeline(transaction=False)
             for group, message in (item for item in batch if item is not None):
-                if not isinstance(message, dict):
-                    message = event_message(message)
-                pipeline.publish(f"{prefix}__group__{group}", layer.serialize(message))
+                pipeline.publish(f"{prefix}__group__{group}", _wire(layer, message))
             try:
                 pipeline.execute()
             except redis.RedisError:

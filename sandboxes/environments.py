@@ -49,7 +49,7 @@ def _packages(value: Any) -> dict[str, Any]:
 
 
 SANDBOX_DEFAULTS: dict[str, Any] = {"provider": None, "image": None, "cpus": 1.0, "memory_mb": 512, "pids": 256,
-                                    "warm_pool": 0, "idle_ttl_seconds": 3600}
+                                    "warm_pool": 0, "idle_ttl_seconds": 3600, "provisioning": None}
 
 
 def _sandbox(value: Any) -> dict[str, Any]:
@@ -63,6 +63,8 @@ def _sandbox(value: Any) -> dict[str, Any]:
         raise InvalidRequest(f"'config.sandbox.provider' must be one of {', '.join(PROVIDERS)}, "
                              f"not {sandbox['provider']!r}.")
     expect(sandbox["image"], str, "'config.sandbox.image'", nullable=True)
+    if sandbox["provisioning"] not in (None, "lazy", "eager"):
+        raise InvalidRequest("'config.sandbox.provisioning' must be 'lazy' or 'eager' (coupled).")
     limits = {"cpus": (0.1, 64.0), "memory_mb": (64, 65536), "pids": (16, 32768), "warm_pool": (0, 50),
               "idle_ttl_seconds": (60, 7 * 86400)}
     for key, (low, high) in limits.items():

@@ -40,6 +40,11 @@ def _log(session_id: str) -> Emit:
     return lambda event: emit_event(session_id, event)
 
 
+def provisioning_mode(environment: Environment) -> str:
+    """"lazy" (the first tool call provisions) or "eager" (the turn provisions before its first model call)."""
+    return (environment.config.get("sandbox") or {}).get("provisioning") or settings.SANDBOX_PROVISIONING
+
+
 def provider_name(environment: Environment) -> str:
     return (environment.config.get("sandbox") or {}).get("provider") or settings.SANDBOX_PROVIDER
 
@@ -96,6 +101,10 @@ def sandbox_provision(session_id: str, *, name: str = DEFAULT_HAND, emit: Emit |
         raise
     emit({"type": "sandbox.provisioned", "sandbox_id": sandbox.id, "name": name, "provider": sandbox.provider,
           "pooled": bool(sandbox.labels.get("pooled"))})
+    if session.resources:
+        from sandboxes.repositories import checkout_repositories
+
+        checkout_repositories(provider_of(sandbox), sandbox.handle, session.resources, emit)
     return sandbox
 
 

@@ -25,11 +25,13 @@ def _running(brain: Brain) -> None:
 
 
 def _ensure_hand(brain: Brain) -> None:
-    """Coupled mode: the session's sandbox exists before the first model call."""
-    from sandboxes.hands import held, sandbox_provision
+    """Coupled ("eager") mode: the session's sandbox, with its repositories, exists before a model call."""
+    from sandboxes.hands import held, provisioning_mode, sandbox_provision
+    from sandboxes.models import Environment
     from sandboxes.providers import SandboxError
 
-    if not held(brain.session_id):
+    environment = Environment.objects.get(sessions__id=brain.session_id)
+    if provisioning_mode(environment) == "eager" and not held(brain.session_id):
         # A failure is recorded as sandbox.failed; the turn goes on and a tool call will say so.
         with contextlib.suppress(SandboxError):
             sandbox_provision(brain.session_id, emit=brain.emit)
@@ -49,8 +51,7 @@ class CallModel:
 
     def run(self, brain: Brain) -> None:
         _running(brain)
-        if settings.SANDBOX_PROVISIONING == "eager":
-            _ensure_hand(brain)
+        _ensure_hand(brain)
         for attempt in range(settings.MODEL_RETRIES + 1):
             try:
                 return self._attempt(brain)

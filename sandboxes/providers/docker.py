@@ -99,6 +99,11 @@ class DockerProvider:
             raise
         return handle
 
+    def copy_in(self, handle: str, archive: bytes) -> None:
+        """Unpack a tar (paths relative to /workspace, owned by the sandbox user) into the workspace."""
+        with self._engine(handle):
+            self.api.put_archive(handle, "/workspace", archive)
+
     def is_alive(self, handle: str) -> bool:
         with self._engine():
             try:

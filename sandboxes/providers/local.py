@@ -32,6 +32,7 @@ What does not hold:
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -41,6 +42,7 @@ import signal
 import socket
 import stat
 import subprocess
+import tarfile
 import tempfile
 import time
 import uuid
@@ -241,6 +243,18 @@ class LocalProvider:
             if time.monotonic() > deadline:
                 raise SandboxError(f"the sandbox's toolbox did not answer within {timeout_s:g} s")
             time.sleep(0.005)
+
+    def copy_in(self, handle: str, archive: bytes) -> None:
+        """Unpack a tar (paths relative to /workspace) into the workspace, owned by the sandbox's user."""
+        workspace = self._directory(handle) / "workspace"
+        if not workspace.is_dir():
+            raise SandboxGone(self._gone_reason(handle))
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(workspace, filter="data")
+            names = tar.getnames()
+        if self.run_as:
+            for name in names:
+                os.chown(workspace / name, *self.run_as, follow_symlinks=False)
 
     # -- the sandbox's directory
 

@@ -196,3 +196,25 @@ def test_a_provider_that_is_down_gives_an_error_result_and_the_session_goes_idle
     failed = [e for e in get_events(session_id) if e.type == "sandbox.failed"]
     assert failed and failed[0].payload["reason"]
     assert get_events(session_id)[-1].type == "session.status_idle"
+
+
+def test_a_session_repository_is_cloned_into_its_sandbox_before_the_first_call_in_coupled_mode(brains, tmp_path):
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(origin)]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(origin)], check=True)
+    (origin / "README.md").write_text("hello from the repository\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "first"], check=True)
+    environment_id = make_environment(config={"type": "cloud", "sandbox": {"provisioning": "eager"}})
+    session_id = session_create({
+        "agent": make_agent(tools=TOOLSET), "environment_id": environment_id,
+        "resources": [{"type": "github_repository", "url": f"file://{origin}", "mount_path": "/workspace/app"},
+                      {"type": "github_repository", "url": f"file://{tmp_path}/missing"}]}).id
+    events = turn(session_id, "/bash cat app/README.md; git -C app log --oneline | wc -l; stat -c %U app")
+    kinds = [e.type for e in events]
+    assert kinds.index("sandbox.provisioned") < kinds.index("span.model_request_start")
+    assert results(events) == [("hello from the repository\n1\nsandbox", False)]
+    [error] = [e for e in events if e.type == "session.error"]
+    assert error.payload["error"]["type"] == "repository_clone_error"
+    assert error.payload["error"]["retry_status"] == {"type": "retrying"}

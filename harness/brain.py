@@ -65,11 +65,16 @@ class Brain:
         except StaleEpoch as stale:
             self.lost.set()
             raise LeaseLost() from stale
-        self.refresh()
+        new = [event for event in written if event.seq > self.state.last_seq]
+        if new and new[0].seq == self.state.last_seq + 1:
+            self.events.extend(new)
+            fold(new, self.state)
+        else:
+            self.refresh()  # someone else appended in between: read it all in order
         return written
 
     def refresh(self) -> None:
-        """Fold in whatever was appended since (by this brain or by users)."""
+        """Fold in whatever was appended since (by users, or by services on the brain's behalf)."""
         new = events_after(self.session_id, self.state.last_seq, limit=10_000)
         self.events.extend(new)
         fold(new, self.state)
@@ -146,7 +151,11 @@ def run_brain(session_id: str, *, by: str = "event") -> str:
                     brain.emit({"type": "brain.recovered", "woken_by": by, "epoch": lease.epoch,
                                 "unfinished_wakes": lease.attempts - 1})
                 harness = harness_for(brain)
-                while (step := harness.next_step(brain.state, brain)) is not None:
+                while True:
+                    brain.refresh()
+                    step = harness.next_step(brain.state, brain)
+                    if step is None:
+                        break
                     try:
                         step.run(brain)
                     except Cancelled:

@@ -38,19 +38,16 @@ class StaleEpoch(Exception):
         self.session_id, self.epoch, self.current = session_id, epoch, current
 
 
-class _AlreadyEmitted(Exception):
-    def __init__(self, event: Event):
-        self.event = event
-
-
 _INSERT = (
     "INSERT INTO agent_sessions_event (uid, session_id, seq, type, payload, processed_at, idempotency_key, "
     "lease_epoch) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id"
 )
+_UNBUMP = "UPDATE agent_sessions_session SET next_seq = next_seq - 1 WHERE id = %s RETURNING next_seq"
 _LOCK_AND_BUMP = (
-    "UPDATE agent_sessions_session SET next_seq = next_seq + 1, updated_at = %s, status = COALESCE(%s, status) "
+    "UPDATE agent_sessions_session SET next_seq = next_seq + 1, updated_at = %s "
     "WHERE id = %s AND deleted_at IS NULL RETURNING next_seq, lease_epoch"
 )
+_SET_STATUS = "UPDATE agent_sessions_session SET status = %s WHERE id = %s RETURNING id"
 
 
 def emit_event(
@@ -73,38 +70,53 @@ def emit_event(
             # Alone, an append is its own transaction: run it on psycopg's, skipping Django's bookkeeping.
             db.ensure_connection()
             with db.wrap_database_errors, db.connection.transaction():
-                created = _append(*row)
-            publish_event(created)
+                outcome, created = _append(*row)
+            if outcome == "new":
+                publish_event(created)
         else:
-            with transaction.atomic():
-                created = _append(*row)
-                transaction.on_commit(partial(publish_event, created))
-    except _AlreadyEmitted as already:
-        return already.event
+            # Inside a caller's transaction no savepoint is taken: an append that is refused undoes its own
+            # bump and raises only once its block is left, so the caller's transaction stays usable.
+            with transaction.atomic(savepoint=False):
+                outcome, created = _append(*row)
+                if outcome == "new":
+                    transaction.on_commit(partial(publish_event, created))
     except IntegrityError:
         # Only a caller-chosen id can collide here (seq and the key are decided under the lock).
-        if "id" in event and Event.objects.filter(uid=uid).exists():
+        if "id" in event and not db.in_atomic_block and Event.objects.filter(uid=uid).exists():
             raise ValueError(f"An event with id {uid!r} already exists.") from None
         raise
+    if outcome == "missing":
+        raise SessionNotFound(session_id)
+    if outcome == "stale":
+        raise StaleEpoch(session_id, epoch or 0, created)
     return created
 
 
 def _append(
     db: Any, session_id: str, event_type: str, uid: str, body: dict[str, Any], now: Any,
     idempotency_key: str | None, epoch: int | None,
-) -> Event:
-    """The statements of one append, inside the caller's transaction."""
+) -> tuple[str, Any]:
+    """The statements of one append, inside the caller's transaction.
+
+    Returns ("new", event), ("existing", the event first written with the key), ("stale", the current
+    epoch) or ("missing", None); a refused append has undone its bump.
+    """
     fetch_one = _statements(db)
-    row = fetch_one(_LOCK_AND_BUMP, [now, STATUS_BY_EVENT_TYPE.get(event_type), session_id])
+    row = fetch_one(_LOCK_AND_BUMP, [now, session_id])
     if row is None:
-        raise SessionNotFound(session_id)
+        return "missing", None
     next_seq, lease_epoch = row
     if epoch is not None and epoch != lease_epoch:
-        raise StaleEpoch(session_id, epoch, lease_epoch)
+        fetch_one(_UNBUMP, [session_id])
+        return "stale", lease_epoch
     if idempotency_key is not None:
         existing = Event.objects.filter(session_id=session_id, idempotency_key=idempotency_key).first()
         if existing is not None:
-            raise _AlreadyEmitted(existing)
+            fetch_one(_UNBUMP, [session_id])
+            return "existing", existing
+    status = STATUS_BY_EVENT_TYPE.get(event_type)
+    if status is not None:
+        fetch_one(_SET_STATUS, [status, session_id])
     seq = next_seq - 1
     payload = Jsonb(body) if db.vendor == "postgresql" else json.dumps(body)
     (pk,) = fetch_one(_INSERT, [uid, session_id, seq, event_type, payload, now, idempotency_key, epoch])
@@ -112,7 +124,7 @@ def _append(
                     processed_at=now, idempotency_key=idempotency_key, lease_epoch=epoch)
     created._state.adding = False
     created._state.db = db.alias
-    return created
+    return "new", created
 
 
 def _statements(db: Any) -> Any:

@@ -183,3 +183,10 @@ def test_an_appended_event_is_broadcast_after_commit_stamped_with_session_and_se
     assert received["event"]["content"][0]["text"] == "a"
     assert rolled_back
     assert second["seq"] == 1 and second["event"]["content"][0]["text"] == "b"
+
+
+def test_the_log_benchmark_times_the_same_statements_emit_event_sends():
+    from bench import log as bench_log
+    from sessions.services import log
+
+    assert (bench_log.LOCK_AND_BUMP, bench_log.INSERT_EVENT) == (log._LOCK_AND_BUMP, log._INSERT)

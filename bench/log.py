@@ -61,9 +61,9 @@ EVENT = {
                  "opened. I changed the fixture to bind before it forks and ran the suite three times."}],
 }
 
-# The raw twin sends exactly the statements emit_event sends (for an event that sets no status).
+# The raw twin sends exactly the statements emit_event sends (for one event that sets no status).
 LOCK_AND_BUMP = (
-    "UPDATE agent_sessions_session SET next_seq = next_seq + 1, updated_at = %s "
+    "UPDATE agent_sessions_session SET next_seq = next_seq + %s, updated_at = %s "
     "WHERE id = %s AND deleted_at IS NULL RETURNING next_seq, lease_epoch"
 )
 INSERT_EVENT = (
@@ -234,7 +234,7 @@ def _raw_append(conn: Any, session_id: str) -> None:
     event_type = body.pop("type")
     now = datetime.now(UTC)
     with conn.cursor() as cursor:  # autocommit is off: the first statement opens the transaction
-        cursor.execute(LOCK_AND_BUMP, [now, session_id])
+        cursor.execute(LOCK_AND_BUMP, [1, now, session_id])
         next_seq, _lease_epoch = cursor.fetchone()
         cursor.execute(INSERT_EVENT, [new_id("sevt"), session_id, next_seq - 1, event_type, Jsonb(body), now,
                                       None, None])

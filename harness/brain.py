@@ -15,14 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections
 
 from harness.fold import SessionState, fold
 from harness.lease import Lease, lease_acquire, lease_release, lease_renew
 from harness.model import Cancelled
 from sessions.models import Event
 from sessions.selectors import events_after, get_events
-from sessions.services import StaleEpoch, emit_event
+from sessions.services import StaleEpoch, emit_events
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +59,7 @@ class Brain:
         if self.lost.is_set():
             raise LeaseLost()
         try:
-            with transaction.atomic():
-                written = [emit_event(self.session_id, event, idempotency_key=key, epoch=self.epoch)
-                           for event, key in items]
+            written = emit_events(self.session_id, items, epoch=self.epoch)
         except StaleEpoch as stale:
             self.lost.set()
             raise LeaseLost() from stale

@@ -32,6 +32,7 @@ def _ensure_hand(brain: Brain) -> None:
 
     environment = Environment.objects.get(sessions__id=brain.session_id)
     if provisioning_mode(environment) == "eager" and not held(brain.session_id):
+        _running(brain)
         # A failure is recorded as sandbox.failed; the turn goes on and a tool call will say so.
         with contextlib.suppress(SandboxError):
             sandbox_provision(brain.session_id, emit=brain.emit)
@@ -50,7 +51,6 @@ class CallModel:
     system: str | None
 
     def run(self, brain: Brain) -> None:
-        _running(brain)
         _ensure_hand(brain)
         for attempt in range(settings.MODEL_RETRIES + 1):
             try:
@@ -86,7 +86,11 @@ class CallModel:
             request["system"] = system
         if self.tools:
             request["tools"] = [tool.definition for tool in self.tools.values()]
-        start = brain.emit({"type": "span.model_request_start", "through_seq": brain.state.last_seq})
+        opening: list[tuple[dict[str, Any], str | None]] = []
+        if brain.state.status != "running":
+            opening.append(({"type": "session.status_running"}, None))
+        opening.append(({"type": "span.model_request_start", "through_seq": brain.state.last_seq}, None))
+        start = brain.emit_many(opening)[-1]
         message_id = new_id("sevt")
         started: set[int] = set()
 

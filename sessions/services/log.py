@@ -15,7 +15,7 @@ from sessions.broadcast import publish_event
 from sessions.models import Event, Session
 from workbench.ids import new_id
 
-# Status events set the session's status in the same statement that appends them.
+# Status events set the session's status in the transaction that appends them.
 STATUS_BY_EVENT_TYPE = {
     "session.status_running": Session.Status.RUNNING,
     "session.status_idle": Session.Status.IDLE,
@@ -38,16 +38,21 @@ class StaleEpoch(Exception):
         self.session_id, self.epoch, self.current = session_id, epoch, current
 
 
-_INSERT = (
-    "INSERT INTO agent_sessions_event (uid, session_id, seq, type, payload, processed_at, idempotency_key, "
-    "lease_epoch) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id"
-)
-_UNBUMP = "UPDATE agent_sessions_session SET next_seq = next_seq - 1 WHERE id = %s RETURNING next_seq"
+_COLUMNS = "(uid, session_id, seq, type, payload, processed_at, idempotency_key, lease_epoch)"
 _LOCK_AND_BUMP = (
-    "UPDATE agent_sessions_session SET next_seq = next_seq + 1, updated_at = %s "
+    "UPDATE agent_sessions_session SET next_seq = next_seq + %s, updated_at = %s "
     "WHERE id = %s AND deleted_at IS NULL RETURNING next_seq, lease_epoch"
 )
+_UNBUMP = "UPDATE agent_sessions_session SET next_seq = next_seq - %s WHERE id = %s RETURNING next_seq"
 _SET_STATUS = "UPDATE agent_sessions_session SET status = %s WHERE id = %s RETURNING id"
+
+
+def insert_sql(count: int) -> str:
+    rows = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * count)
+    return f"INSERT INTO agent_sessions_event {_COLUMNS} VALUES {rows} RETURNING id"
+
+
+Item = tuple[dict[str, Any], str | None]
 
 
 def emit_event(
@@ -59,87 +64,108 @@ def emit_event(
     (`StaleEpoch`, nothing written) unless it is the session's current lease epoch. Subscribers are told
     after the commit.
     """
-    body = dict(event)
-    event_type = body.pop("type")
-    uid = body.pop("id", None) or new_id("sevt")
-    body.pop("processed_at", None)
+    return emit_events(session_id, [(event, idempotency_key)], epoch=epoch)[0]
+
+
+def emit_events(session_id: str, items: list[Item], *, epoch: int | None = None) -> list[Event]:
+    """Append several events at consecutive seqs, all or none, with the statements of one append.
+
+    Each item is `(event, idempotency_key)`. Keys are all-or-nothing too: a batch whose keys were used
+    returns the events first written with them.
+    """
+    rows = []
+    for event, key in items:
+        body = dict(event)
+        event_type = body.pop("type")
+        uid = body.pop("id", None) or new_id("sevt")
+        body.pop("processed_at", None)
+        rows.append((event_type, uid, body, key))
     db = connections[DEFAULT_DB_ALIAS]
-    row = (db, session_id, event_type, uid, body, timezone.now(), idempotency_key, epoch)
+    now = timezone.now()
     try:
         if db.vendor == "postgresql" and not db.in_atomic_block:
             # Alone, an append is its own transaction: run it on psycopg's, skipping Django's bookkeeping.
             db.ensure_connection()
             with db.wrap_database_errors, db.connection.transaction():
-                outcome, created = _append(*row)
+                outcome, result = _append(db, session_id, rows, now, epoch)
             if outcome == "new":
-                publish_event(created)
+                for created in result:
+                    publish_event(created)
         else:
             # Inside a caller's transaction no savepoint is taken: an append that is refused undoes its own
             # bump and raises only once its block is left, so the caller's transaction stays usable.
             with transaction.atomic(savepoint=False):
-                outcome, created = _append(*row)
+                outcome, result = _append(db, session_id, rows, now, epoch)
                 if outcome == "new":
-                    transaction.on_commit(partial(publish_event, created))
+                    for created in result:
+                        transaction.on_commit(partial(publish_event, created))
     except IntegrityError:
-        # Only a caller-chosen id can collide here (seq and the key are decided under the lock).
-        if "id" in event and not db.in_atomic_block and Event.objects.filter(uid=uid).exists():
-            raise ValueError(f"An event with id {uid!r} already exists.") from None
+        # Only a caller-chosen id can collide here (seqs and keys are decided under the lock).
+        chosen = [event["id"] for event, _ in items if "id" in event]
+        if chosen and not db.in_atomic_block and Event.objects.filter(uid__in=chosen).exists():
+            raise ValueError(f"An event with one of the ids {chosen} already exists.") from None
         raise
     if outcome == "missing":
         raise SessionNotFound(session_id)
     if outcome == "stale":
-        raise StaleEpoch(session_id, epoch or 0, created)
-    return created
+        raise StaleEpoch(session_id, epoch or 0, result)
+    return result
 
 
-def _append(
-    db: Any, session_id: str, event_type: str, uid: str, body: dict[str, Any], now: Any,
-    idempotency_key: str | None, epoch: int | None,
-) -> tuple[str, Any]:
+def _append(db: Any, session_id: str, rows: list[tuple[str, str, dict[str, Any], str | None]], now: Any,
+            epoch: int | None) -> tuple[str, Any]:
     """The statements of one append, inside the caller's transaction.
 
-    Returns ("new", event), ("existing", the event first written with the key), ("stale", the current
+    Returns ("new", events), ("existing", the events first written with the keys), ("stale", the current
     epoch) or ("missing", None); a refused append has undone its bump.
     """
-    fetch_one = _statements(db)
-    row = fetch_one(_LOCK_AND_BUMP, [now, session_id])
-    if row is None:
+    fetch = _statements(db)
+    count = len(rows)
+    bumped = fetch(_LOCK_AND_BUMP, [count, now, session_id])
+    if not bumped:
         return "missing", None
-    next_seq, lease_epoch = row
+    next_seq, lease_epoch = bumped[0]
     if epoch is not None and epoch != lease_epoch:
-        fetch_one(_UNBUMP, [session_id])
+        fetch(_UNBUMP, [count, session_id])
         return "stale", lease_epoch
-    if idempotency_key is not None:
-        existing = Event.objects.filter(session_id=session_id, idempotency_key=idempotency_key).first()
-        if existing is not None:
-            fetch_one(_UNBUMP, [session_id])
-            return "existing", existing
-    status = STATUS_BY_EVENT_TYPE.get(event_type)
-    if status is not None:
-        fetch_one(_SET_STATUS, [status, session_id])
-    seq = next_seq - 1
-    payload = Jsonb(body) if db.vendor == "postgresql" else json.dumps(body)
-    (pk,) = fetch_one(_INSERT, [uid, session_id, seq, event_type, payload, now, idempotency_key, epoch])
-    created = Event(id=pk, uid=uid, session_id=session_id, seq=seq, type=event_type, payload=body,
-                    processed_at=now, idempotency_key=idempotency_key, lease_epoch=epoch)
-    created._state.adding = False
-    created._state.db = db.alias
+    keys = [key for *_, key in rows if key is not None]
+    if keys:
+        existing = {e.idempotency_key: e for e in Event.objects.filter(session_id=session_id, idempotency_key__in=keys)}
+        if existing:
+            fetch(_UNBUMP, [count, session_id])
+            return "existing", [existing[key] for *_, key in rows if key in existing]
+    statuses = [STATUS_BY_EVENT_TYPE[kind] for kind, *_ in rows if kind in STATUS_BY_EVENT_TYPE]
+    if statuses:
+        fetch(_SET_STATUS, [statuses[-1], session_id])
+    first = next_seq - count
+    params: list[Any] = []
+    for offset, (kind, uid, body, key) in enumerate(rows):
+        payload = Jsonb(body) if db.vendor == "postgresql" else json.dumps(body)
+        params += [uid, session_id, first + offset, kind, payload, now, key, epoch]
+    ids = fetch(insert_sql(count), params)
+    created = []
+    for (pk,), offset, (kind, uid, body, key) in zip(ids, range(count), rows, strict=True):
+        event = Event(id=pk, uid=uid, session_id=session_id, seq=first + offset, type=kind, payload=body,
+                      processed_at=now, idempotency_key=key, lease_epoch=epoch)
+        event._state.adding = False
+        event._state.db = db.alias
+        created.append(event)
     return "new", created
 
 
 def _statements(db: Any) -> Any:
-    """A `fetch_one(sql, params)` on the transaction's connection.
+    """A `fetch(sql, params) -> rows` on the transaction's connection.
 
     On PostgreSQL it runs straight on psycopg, binding on the server with prepared plans: appends are the
     hottest path in the system, and Django's client-side quoting costs as much as the work.
     """
     if db.vendor == "postgresql":
         cursor = psycopg.Cursor(db.connection)
-        return lambda sql, params: cursor.execute(sql, params).fetchone()
+        return lambda sql, params: cursor.execute(sql, params).fetchall()
 
-    def fetch_one(sql: str, params: list[Any]) -> Any:
+    def fetch(sql: str, params: list[Any]) -> Any:
         with db.cursor() as cursor:
             cursor.execute(sql, params)
-            return cursor.fetchone()
+            return cursor.fetchall()
 
-    return fetch_one
+    return fetch

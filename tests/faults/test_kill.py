@@ -219,8 +219,9 @@ def test_a_worker_killed_while_bash_runs_closes_the_call_as_unverified(cluster, 
 # --- (c) between two emits ----------------------------------------------------------------------------
 
 BETWEEN = {
-    # After the status, before the first model request: the new brain just asks the model.
-    "after status_running": ("after:session.status_running", "hello", False),
+    # After the turn opened (status and request start commit together), before the model was called: the
+    # new brain closes the request the dead one left open and asks again.
+    "after the request started": ("after:span.model_request_start", "hello", False),
     # After the response with the tool call was recorded, before the tool started (no sandbox yet): the
     # new brain cannot know that, and closes the bash call as unverified.
     "after the recorded tool call": ("after:span.model_request_end", "/bash echo one", True),
@@ -251,9 +252,10 @@ def test_a_worker_killed_between_two_emits_resumes_at_the_next_step(cluster, req
     events = check_log(session_id)
     assert events[: len(before)] == before
     assert_brought_back_by_the_sweeper(events, killed_epoch)
-    if point == "after status_running":
+    if point == "after the request started":
         assert texts(events) == ["You said: hello"]
         assert [e.type for e in events].count("session.status_running") == 1
+        assert first(events, "brain.recovered", closed_model_request=before[-1].uid)
     elif point == "after the recorded tool call":
         use = first(events, "agent.tool_use")
         assert not [e for e in events if e.type == "sandbox.provisioned" and e.lease_epoch == killed_epoch]

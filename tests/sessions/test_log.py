@@ -189,4 +189,4 @@ def test_the_log_benchmark_times_the_same_statements_emit_event_sends():
     from bench import log as bench_log
     from sessions.services import log
 
-    assert (bench_log.LOCK_AND_BUMP, bench_log.INSERT_EVENT) == (log._LOCK_AND_BUMP, log._INSERT)
+    assert (log._LOCK_AND_BUMP, log.insert_sql(1)) == (bench_log.LOCK_AND_BUMP, bench_log.INSERT_EVENT)

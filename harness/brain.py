@@ -37,6 +37,7 @@ class Brain:
         self.session_id = lease.session_id
         self.events: list[Event] = get_events(self.session_id)
         self.state: SessionState = fold(self.events)
+        self.provisioning: str | None = None  # the environment's lazy/eager mode, read once per brain
         self.interrupted = threading.Event()
         self.lost = threading.Event()
         self._cancel_hook: Callable[[], None] | None = None

@@ -30,8 +30,9 @@ def _ensure_hand(brain: Brain) -> None:
     from sandboxes.models import Environment
     from sandboxes.providers import SandboxError
 
-    environment = Environment.objects.get(sessions__id=brain.session_id)
-    if provisioning_mode(environment) == "eager" and not held(brain.session_id):
+    if brain.provisioning is None:
+        brain.provisioning = provisioning_mode(Environment.objects.get(sessions__id=brain.session_id))
+    if brain.provisioning == "eager" and not held(brain.session_id):
         _running(brain)
         # A failure is recorded as sandbox.failed; the turn goes on and a tool call will say so.
         with contextlib.suppress(SandboxError):

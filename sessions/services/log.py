@@ -45,6 +45,7 @@ _LOCK_AND_BUMP = (
 )
 _UNBUMP = "UPDATE agent_sessions_session SET next_seq = next_seq - %s WHERE id = %s RETURNING next_seq"
 _SET_STATUS = "UPDATE agent_sessions_session SET status = %s WHERE id = %s RETURNING id"
+_USED_KEYS = "SELECT 1 FROM agent_sessions_event WHERE session_id = %s AND idempotency_key IN ({}) LIMIT 1"
 
 
 def insert_sql(count: int) -> str:
@@ -129,7 +130,7 @@ def _append(db: Any, session_id: str, rows: list[tuple[str, str, dict[str, Any],
         fetch(_UNBUMP, [count, session_id])
         return "stale", lease_epoch
     keys = [key for *_, key in rows if key is not None]
-    if keys:
+    if keys and fetch(_USED_KEYS.format(", ".join(["%s"] * len(keys))), [session_id, *keys]):
         existing = {e.idempotency_key: e for e in Event.objects.filter(session_id=session_id, idempotency_key__in=keys)}
         if existing:
             fetch(_UNBUMP, [count, session_id])

@@ -143,7 +143,7 @@ def live_server_url(transactional_db: Any, redis_url: str) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90
         while True:
             try:
                 if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:

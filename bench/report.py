@@ -1,41 +1,512 @@
-"""Writes bench/README.md from the JSON every benchmark saved under bench/results/."""
+"""Writes bench/README.md from the JSON each benchmark saved under bench/results/.
+
+Usage: .venv/bin/python bench/report.py [--quick]
+
+Each benchmark gets a section: its targets beside the measured figures, how it was run, the machine it ran on
+and its plot. Benchmarks this file knows (log, harness, sandboxes, ttft) are rendered from their own structure;
+any other `bench/results/<name>.json` is rendered from its lists of rows. A full run's results are used when
+present, a `--quick` run's otherwise (and first with --quick); a section says which.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).parent / "results"
+BENCH = Path(__file__).resolve().parent
+RESULTS = BENCH / "results"
+ORDER = ("log", "harness", "sandboxes", "workqueue", "work_queue", "ui", "ttft")
+TITLES = {
+    "log": "The session log: appends and slice reads (bench/log.py)",
+    "harness": "The brain: resume after SIGKILL, overhead per model call (bench/harness.py)",
+    "sandboxes": "Sandboxes: provisioning and tool-call round trips (bench/sandboxes.py)",
+    "ui": "The browser UI: opening a long session, live appends in many pages (bench/ui.py)",
+    "ttft": "Time to first token: coupled vs decoupled sandboxes (bench/ttft.py)",
+}
 
 
-def _table(rows: list[dict[str, Any]]) -> list[str]:
-    if not rows:
-        return []
-    keys = [k for k in rows[0] if not isinstance(rows[0][k], (list, dict))]
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(str(row.get(k, "")) for k in keys) + " |" for row in rows]
-    return lines
+# --- Small helpers ----------------------------------------------------------------------------------------
 
 
-def main() -> None:
-    out = ["# Benchmark results", "", "Written by `make bench` (bench/report.py) from `bench/results/*.json`.", ""]
-    for path in sorted(RESULTS.glob("*.json")):
-        if "quick" in path.stem:
+def md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    def cell(value: Any) -> str:
+        return "–" if value is None or value == "" else str(value).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows] + [""]
+
+
+def verdict(met: bool | None) -> str:
+    return "–" if met is None else ("met" if met else "**missed**")
+
+
+def num(value: float | None, digits: int = 1) -> str | None:
+    return None if value is None else f"{value:,.{digits}f}"
+
+
+def machine_line(machine: dict[str, Any], when: str | None = None) -> str:
+    cpus = machine.get("nproc") or machine.get("cpus")
+    parts = [f"{cpus} CPUs" + (f" ({machine['cpu']})" if machine.get("cpu") else "")]
+    if machine.get("memory_gib"):
+        parts.append(f"{machine['memory_gib']} GiB")
+    parts.append(f"Linux {machine.get('kernel', '?')}, Python {machine.get('python', '?')}")
+    postgres = machine.get("postgresql")
+    if isinstance(postgres, dict) and postgres.get("server_version"):
+        parts.append(f"PostgreSQL {postgres['server_version']} (fsync {postgres.get('fsync', '?')})")
+    if machine.get("docker"):
+        parts.append(f"Docker {machine['docker']}")
+    load = machine.get("load_average_at_start")
+    if load:
+        parts.append(
+            f"load average {load[0]} at the start"
+            + (
+                f", {machine['load_average_at_end'][0]} at the end"
+                if machine.get("load_average_at_end")
+                else ""
+            )
+        )
+    date = when or machine.get("date")
+    return "Ran " + (f"{date} " if date else "") + "on " + "; ".join(parts) + "."
+
+
+# --- One renderer per benchmark -----------------------------------------------------------------------------
+# Each returns (lines of Markdown, targets met, targets in all).
+
+
+def render_log(data: dict[str, Any]) -> tuple[list[str], int, int]:
+    plan = data.get("plan", {})
+    out = [
+        f"{plan.get('rounds', '?')} rounds of {plan.get('duration', '?')} s per side and case; writers are "
+        "separate processes; the raw side is the same SQL on a bare psycopg loop.",
+        "",
+    ]
+    out += md_table(
+        ["append case", "emit_event / s", "raw psycopg / s", "emit / raw", "target", "result"],
+        [
+            [
+                a["case"],
+                num(a["emit_median"], 0),
+                num(a["raw_median"], 0),
+                f"{a['ratio']:.0%}",
+                a["target"],
+                verdict(a["met"]),
+            ]
+            for a in data.get("appends", [])
+        ],
+    )
+    out += md_table(
+        ["slice read (100 events)", "p50 ms", "p95 ms", "target", "result"],
+        [
+            [
+                f"{s['size']:,} events, " + ("[s:s+100] at random s" if s["kind"] == "random" else "[-100:]"),
+                num(s["p50_ms"], 2),
+                num(s["p95_ms"], 2),
+                s["target"],
+                verdict(s["met"]),
+            ]
+            for s in data.get("slices", [])
+        ],
+    )
+    flat = data.get("flat")
+    if flat:
+        out += [
+            f"Flat from {flat['from']:,} to {flat['to']:,} events (random reads, p50): {flat['p50_from_ms']:.2f} → "
+            f"{flat['p50_to_ms']:.2f} ms, limit {flat['limit_ms']:.2f} ms ({flat['rule']}): {verdict(flat['met'])}.",
+            "",
+        ]
+    targets = data.get("targets", {})
+    return out, targets.get("met", 0), targets.get("total", 0)
+
+
+def render_harness(data: dict[str, Any]) -> tuple[list[str], int, int]:
+    settings, plan = data.get("settings", {}), data.get("plan", {})
+    out = [
+        f"{plan.get('kills', '?')} kills of a streaming turn's worker (SIGKILL) with "
+        f"LEASE_SECONDS={settings.get('lease_seconds', '?')}, SWEEP_SECONDS={settings.get('sweep_seconds', '?')}; "
+        f"{plan.get('calls', '?')} timed model calls per answer length against a zero-latency offline model.",
+        "",
+    ]
+    out += md_table(
+        ["metric", "n", "p50", "p95", "unit", "target", "result"],
+        [
+            [
+                r["metric"].replace("  ", "↳ ", 1) if r["metric"].startswith("  ") else r["metric"],
+                r["n"],
+                r["p50"],
+                r["p95"],
+                r["unit"],
+                r["target"],
+                r["result"].replace("MISSED", "**missed**"),
+            ]
+            for r in data.get("summary", [])
+        ],
+    )
+    samples = data.get("samples", {})
+    completed = samples.get("resumed_turn_completed")
+    if completed:
+        out += [f"Resumed turns that went on to finish idle: {sum(completed)} of {len(completed)}.", ""]
+    targets = data.get("targets", {})
+    return out, targets.get("met", 0), targets.get("total", 0)
+
+
+def render_sandboxes(data: dict[str, Any]) -> tuple[list[str], int, int]:
+    rows, met, total = [], 0, 0
+    for r in data.get("rows", []):
+        target = r.get("target_p50_ms")
+        ok = None if target is None else r["p50_ms"] <= target
+        if ok is not None:
+            met, total = met + ok, total + 1
+        rows.append(
+            [
+                r["name"],
+                len(r.get("samples_ms", [])),
+                num(r["p50_ms"]),
+                num(r["p95_ms"]),
+                f"p50 ≤ {target:g} ms" if target is not None else None,
+                verdict(ok),
+            ]
+        )
+    by_name = {r["name"]: r for r in data.get("rows", [])}
+    raw, execute = (
+        by_name.get("docker: raw docker exec (echo hi)"),
+        by_name.get("docker: execute bash (echo hi)"),
+    )
+    out = md_table(["measurement", "n", "p50 ms", "p95 ms", "target", "result"], rows)
+    if raw and execute:
+        out += [
+            f"`execute` over a raw `docker exec`, ratio of p50s: {execute['p50_ms'] / raw['p50_ms']:.2f}.",
+            "",
+        ]
+    return out, met, total
+
+
+def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
+    plan, settings, phases = data["plan"], data["settings"], data.get("phases", {})
+    repo, rows, platform = settings["repository"], data["summary"], data.get("platform") or {}
+    out = [
+        f"**Phase 1** — {plan['per_mode']} sessions per mode (after {plan['warmup']} warm-up each), the three modes "
+        f"interleaved round-robin at Poisson arrivals of {plan['rate']:g}/s. Every session's environment clones a "
+        f"repository of {repo['files']:,} files ({repo['tree_mb']} MB of tree, {repo['commits']} commits) served by "
+        "`git daemon` on loopback: *coupled* before the first model call (`provisioning: eager`), *decoupled* at "
+        f"the first tool call (lazy), *decoupled+pool* likewise with a warm pool of {plan['warm_pool']}. TTFT runs "
+        "from the POST of a plain-text user message to the first `event_delta` on the client's SSE stream. The "
+        f"offline model's fixed TTFT is {plan['model_ttft_ms']:g} ms ({plan['model_tps']:g} tokens/s); *platform* "
+        f"= TTFT − that. Meanwhile {plan['background']} background sessions ran agent turns (thinking, `bash` in "
+        "their own sandboxes and clones).",
+        "",
+    ]
+    out += md_table(
+        [
+            "mode",
+            "n",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+            "model ms",
+            "platform p50",
+            "platform p95",
+            "p50 reduction",
+            "p95 reduction",
+            "p99 reduction",
+            "first tool result p50 ms (n)",
+        ],
+        [
+            [
+                r["mode"],
+                r["n"],
+                num(r["p50_ms"], 0),
+                num(r["p95_ms"], 0),
+                num(r["p99_ms"], 0),
+                num(r["model_ttft_ms"], 0),
+                num(r["platform_p50_ms"], 0),
+                num(r["platform_p95_ms"], 0),
+                pct(r["p50_reduction"]),
+                pct(r["p95_reduction"]),
+                pct(r["p99_reduction"]),
+                f"{num(r['tool_result_p50_ms'], 0)} ({r['tool_result_n']})",
+            ]
+            for r in rows
+        ],
+    )
+    coupled = rows[0]
+    if coupled.get("provision_p50_ms") is not None:
+        out += [
+            f"Where coupled time goes (p50): {num(coupled['to_request_p50_ms'], 0)} ms from the POST to the model "
+            f"request, of which the sandbox {num(coupled['provision_p50_ms'], 0)} ms and the clone "
+            f"{num(coupled['clone_p50_ms'], 0)} ms. The decoupled modes reach the model request in "
+            f"{num(rows[1]['to_request_p50_ms'], 0)} / {num(rows[2]['to_request_p50_ms'], 0)} ms. The first tool "
+            "result (a second message, every "
+            f"{plan['tool_turn_every']}th session) is where the decoupled modes pay for the sandbox and the clone; "
+            f"{rows[2]['pooled_first_sandboxes']} of {rows[2]['tool_result_n']} decoupled+pool ones came from the pool.",
+            "",
+        ]
+    if platform:
+        out += [
+            f"**Phase 2** — the platform's own share with sessions running at once: {plan['platform_sessions']} "
+            f"decoupled sessions at {plan['platform_rate']:g}/s beside the same background, without phase 1's "
+            "coupled clones.",
+            "",
+        ]
+        out += md_table(
+            [
+                "n",
+                "p50 ms",
+                "p95 ms",
+                "p99 ms",
+                "platform p50",
+                "platform p95",
+                "platform p99",
+                "POST → committed",
+                "→ brain began",
+                "→ model request",
+                "streaming path beyond the model",
+            ],
+            [
+                [
+                    platform["n"],
+                    num(platform["p50_ms"], 0),
+                    num(platform["p95_ms"], 0),
+                    num(platform["p99_ms"], 0),
+                    num(platform["platform_p50_ms"], 0),
+                    num(platform["platform_p95_ms"], 0),
+                    num(platform["platform_p99_ms"], 0),
+                    num(platform["committed_p50_ms"], 0),
+                    num(platform["brain_p50_ms"], 0),
+                    num(platform["to_request_p50_ms"], 0),
+                    num(platform["stream_path_p50_ms"], 0),
+                ]
+            ],
+        )
+        out += [
+            "(The last four columns are p50s in ms, the first three from the POST, by the log's own "
+            "timestamps.)",
+            "",
+        ]
+    out += md_table(
+        ["target", "goal", "measured", "result"],
+        [
+            [
+                g["target"].strip(),
+                g["goal"].replace(">=", "≥").replace("<=", "≤"),
+                g["measured"],
+                verdict(g["met"]),
+            ]
+            for g in data["targets"]
+        ],
+    )
+    labels = {"compare": "phase 1", "platform": "phase 2"}
+    out += md_table(
+        [
+            "",
+            "seconds",
+            "running at once (mean; min–max)",
+            "CPU pressure",
+            "model asked directly, TTFT p50 / p95",
+            "cores used by our processes",
+        ],
+        [
+            [
+                labels.get(name, name),
+                num(p["seconds"], 0),
+                f"{p['running_at_once']['mean']}; {p['running_at_once']['min']}–{p['running_at_once']['max']}",
+                p.get("cpu_pressure"),
+                f"{p['model_direct_ttft_ms']['p50']} / {p['model_direct_ttft_ms']['p95']} ms",
+                ", ".join(f"{k} {v:.2f}" for k, v in p.get("cores_used", {}).items()),
+            ]
+            for name, p in phases.items()
+        ],
+    )
+    out += [
+        "*CPU pressure* is the share of the time some task on the machine waited for a CPU (Linux PSI); the "
+        "machine is shared, so it includes whatever else ran.",
+        "",
+        f"Settings: {settings['workers']}; {settings['web']}; {settings['beat']}; PostgreSQL "
+        f"{settings['postgresql']}; sandboxes {settings['sandbox']}. Failed sessions: {len(data.get('failures', []))}.",
+        "",
+    ]
+    previous = data.get("previous")
+    if previous:
+        out += [f"Reproduction — this run against the one before it ({previous['date']}):", ""]
+        now = {r["mode"]: r for r in rows}
+        if platform:
+            now["phase 2"] = platform
+        out += md_table(
+            ["", "p50 ms then → now", "p95 ms then → now", "platform p50 then → now"],
+            [
+                [
+                    mode,
+                    arrow(then.get("p50_ms"), now[mode]["p50_ms"]),
+                    arrow(then.get("p95_ms"), now[mode]["p95_ms"]),
+                    arrow(then.get("platform_p50_ms"), now[mode]["platform_p50_ms"]),
+                ]
+                for mode, then in previous["modes"].items()
+                if mode in now
+            ],
+        )
+    return out, sum(g["met"] for g in data["targets"]), len(data["targets"])
+
+
+def render_ui(data: dict[str, Any]) -> tuple[list[str], int, int]:
+    plan = data.get("plan", {})
+    out = [
+        f"Chromium: a staff user opens a 10,000-event session ({plan.get('opens', '?')} opens); then "
+        f"{plan.get('pages', '?')} pages show one live session while events are appended at {plan.get('rate', '?')}/s "
+        f"for {plan.get('seconds', '?')} s, each timed from its append to its node in every page.",
+        "",
+    ]
+    out += md_table(
+        ["measurement", "n", "p50 ms", "p95 ms", "max ms", "target", "result"],
+        [
+            [
+                r["measure"].replace("  of which", "↳ of which"),
+                r.get("n"),
+                num(r.get("p50_ms")),
+                num(r.get("p95_ms")),
+                num(r.get("max_ms")),
+                r.get("target") if r.get("target") not in (None, "–", "") else None,
+                verdict(r.get("met")) if r.get("target") not in (None, "–", "") else "–",
+            ]
+            for r in data.get("results", [])
+        ],
+    )
+    if "append_missing" in data:
+        out += [f"Appended events that never showed in a page: {data['append_missing']}.", ""]
+    targets = data.get("targets", {})
+    return out, targets.get("met", 0), targets.get("total", 0)
+
+
+def pct(value: float | None) -> str | None:
+    return None if value is None else f"{value:.1%}"
+
+
+def arrow(before: float | None, after: float | None) -> str:
+    return f"{num(before, 0) or '–'} → {num(after, 0) or '–'}"
+
+
+def render_generic(data: dict[str, Any]) -> tuple[list[str], int, int]:
+    """A benchmark this file does not know yet: its lists of result rows as tables (long lists of samples are
+    left in the JSON), numbers rounded, `met` flags as results; its own text table when it has nothing else."""
+
+    def cell(value: Any) -> Any:
+        if isinstance(value, bool):
+            return verdict(value)
+        return num(value) if isinstance(value, float) else value
+
+    out, met, total = [], 0, 0
+    for key, value in data.items():
+        if not (isinstance(value, list) and value and isinstance(value[0], dict)) or len(value) > 30:
+            continue
+        columns = [k for k in value[0] if not isinstance(value[0][k], (list, dict))]
+        out += [f"**{key}**", ""] + md_table(columns, [[cell(row.get(k)) for k in columns] for row in value])
+        for row in value:
+            result = row.get("met", row.get("result"))
+            if isinstance(result, bool) or result in ("met", "MISSED", "missed"):
+                met, total = met + (result is True or result == "met"), total + 1
+    if not out and isinstance(data.get("table"), str):
+        out = ["```", data["table"], "```", ""]
+    targets = data.get("targets")
+    if isinstance(targets, dict) and "met" in targets:
+        met, total = targets["met"], targets["total"]
+    return out, met, total
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], tuple[list[str], int, int]]] = {
+    "log": render_log,
+    "harness": render_harness,
+    "sandboxes": render_sandboxes,
+    "ui": render_ui,
+    "ttft": render_ttft,
+}
+
+
+# --- The page ---------------------------------------------------------------------------------------------
+
+
+def pick(name: str, prefer_quick: bool) -> Path | None:
+    full, quick = RESULTS / f"{name}.json", RESULTS / f"{name}-quick.json"
+    for path in (quick, full) if prefer_quick else (full, quick):
+        if path.exists():
+            return path
+    return None
+
+
+def names() -> list[str]:
+    found = {p.stem.removesuffix("-quick") for p in RESULTS.glob("*.json")}
+    return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="prefer the results of --quick runs")
+    args = parser.parse_args(argv)
+    overview, sections, machines = [], [], []
+    for name in names():
+        path = pick(name, args.quick)
+        if path is None:
             continue
         data = json.loads(path.read_text())
-        out += [f"## {path.stem}", ""]
-        machine = data.get("machine")
+        quick = data.get("quick", path.stem.endswith("-quick"))
+        try:
+            body, met, total = RENDERERS.get(name, render_generic)(data)
+        except (
+            KeyError,
+            TypeError,
+            IndexError,
+            ValueError,
+        ) as error:  # a result of another shape: still show it
+            body, met, total = [f"(could not render {path.name} by its known shape: {error!r})", ""], 0, 0
+            body += render_generic(data)[0]
+        machine = data.get("machine", {})
+        when = data.get("at") or machine.get("date")
+        machines.append(machine)
+        title = TITLES.get(name, f"{name} (bench/{name}.py)")
+        section = [
+            f"## {title}",
+            "",
+            f"From `results/{path.name}`"
+            + (" — a `--quick` smoke run, not the full benchmark" if quick else "")
+            + ".",
+            "",
+        ]
+        section += body
         if machine:
-            out += [f"Machine: {json.dumps({k: v for k, v in machine.items() if not isinstance(v, dict)})}", ""]
-        for key, value in data.items():
-            if isinstance(value, list) and value and isinstance(value[0], dict):
-                out += [f"**{key}**", "", *_table(value), ""]
+            section += [machine_line(machine, when), ""]
         png = path.with_suffix(".png")
         if png.exists():
-            out += [f"![{path.stem}](results/{png.name})", ""]
-    (RESULTS.parent / "README.md").write_text("\n".join(out) + "\n")
-    print(f"wrote {RESULTS.parent / 'README.md'}")
+            section += [f"![{name}](results/{png.name})", ""]
+        sections.append(section)
+        overview.append(
+            [
+                f"[{name}](#{anchor(title)})",
+                when,
+                f"{met} of {total}" if total else "–",
+                "quick" if quick else "full",
+            ]
+        )
+    out = [
+        "# Benchmark results",
+        "",
+        "Written by `make bench` (`scripts/bench.sh`, then `bench/report.py`) from `bench/results/*.json`; run "
+        "`make bench` again to reproduce them (`make bench QUICK=1` for a smoke run). Each benchmark starts its "
+        "own PostgreSQL, Redis, workers and offline model, and reports whether or not its targets are met.",
+        "",
+    ]
+    out += md_table(["benchmark", "ran", "targets met", "run"], overview)
+    richest = max(machines, key=len, default=None)
+    if richest:
+        out += ["The machine: " + machine_line(richest).removeprefix("Ran ").split("on ", 1)[-1], ""]
+    for section in sections:
+        out += section
+    (BENCH / "README.md").write_text("\n".join(out).rstrip() + "\n")
+    print(f"wrote {BENCH / 'README.md'}")
+
+
+def anchor(title: str) -> str:
+    kept = "".join(c for c in title.lower() if c.isalnum() or c in " -")
+    return kept.replace(" ", "-")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,56 @@
 #!/usr/bin/env bash
-# `make bench`: every benchmark in one go, then bench/README.md from their saved results.
+# `make bench`: every benchmark in bench/ in one go, then bench/README.md from their saved results.
+#
+# Usage: scripts/bench.sh [--quick]        (or `make bench QUICK=1`: a smoke run of each, minutes not an hour)
+#
+# Runs each bench/<name>.py that has a main (the known ones first, in this order: log, harness, sandboxes,
+# work queue, ui, ttft; then any other) as `.venv/bin/python -m bench.<name>`, passing --quick through. A
+# benchmark that fails does not stop the others; the script then exits non-zero at the end. Each benchmark
+# starts and removes its own PostgreSQL, Redis, workers and offline model; Docker must answer (started here
+# when we are root).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-scripts/bootstrap.sh --with-postgres
-[ "$(id -u)" -eq 0 ] && scripts/start-dockerd.sh && scripts/build-image.sh
-status=0
-for bench in log sandboxes harness; do
-  if [ -f "bench/$bench.py" ]; then
-    echo "== bench/$bench.py"
-    .venv/bin/python -m "bench.$bench" "$@" || status=$?
+
+args=("$@")
+if [ -n "${QUICK:-}" ] && [[ " ${args[*]} " != *" --quick "* ]]; then
+  args+=(--quick)
+fi
+
+scripts/bootstrap.sh --with-postgres || exit 1
+if [ "$(id -u)" -eq 0 ]; then
+  scripts/start-dockerd.sh && scripts/build-image.sh || echo "bench: no Docker engine or sandbox image" >&2
+fi
+
+known=(log harness sandboxes workqueue work_queue ui ttft)
+benches=()
+for name in "${known[@]}"; do
+  [ -f "bench/$name.py" ] && benches+=("$name")
+done
+for file in bench/*.py; do
+  name=$(basename "$file" .py)
+  case " report __init__ ${benches[*]} " in *" $name "*) continue ;; esac
+  grep -q '__name__ == "__main__"' "$file" && benches+=("$name")
+done
+
+failed=()
+started=$SECONDS
+for name in "${benches[@]}"; do
+  echo "== bench/$name.py ${args[*]}"
+  began=$SECONDS
+  .venv/bin/python -m "bench.$name" "${args[@]}"
+  status=$?
+  if [ "$status" -eq 0 ]; then
+    echo "== bench/$name.py done in $((SECONDS - began)) s"
+  else
+    echo "== bench/$name.py FAILED (exit $status) after $((SECONDS - began)) s; going on with the others" >&2
+    failed+=("$name")
   fi
 done
-.venv/bin/python bench/report.py
-exit $status
+
+echo "== bench/report.py"
+.venv/bin/python bench/report.py "${args[@]}" || failed+=(report)
+echo "== ${#benches[@]} benchmarks in $((SECONDS - started)) s: bench/README.md"
+if ((${#failed[@]})); then
+  echo "bench: failed: ${failed[*]}" >&2
+  exit 1
+fi

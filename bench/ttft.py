@@ -1,0 +1,1748 @@
+"""Time to first token: a sandbox provisioned (and its repository cloned) before the first model call, or not.
+
+Every measured session starts in one of three environments, interleaved round-robin at a Poisson arrival
+rate: **coupled** (`provisioning: eager`: the turn provisions the sandbox and clones the session's
+repository into it before its first model call), **decoupled** (lazy: the first tool call provisions) and
+**decoupled + warm pool** (lazy, with `warm_pool` sandboxes kept provisioned). Each session is created with
+a `github_repository` resource pointing at a realistic repository served by `git daemon` on loopback. A
+client opens the session's SSE stream with `event_deltas[]=agent.message`, POSTs one plain-text user message
+(the first model call needs no tool), and takes **time to first token** from just before that POST to the
+first `event_delta` arriving on its stream. The offline model waits a fixed, stated time before its first
+token, so the platform's own share is the rest. Every eighth session of each mode then sends a second
+message that makes the model call `bash` (`git rev-parse HEAD` in the cloned repository, checked against the
+served tip): the **first tool result** shows where the decoupled modes pay for the sandbox and the clone,
+and what the warm pool takes off.
+
+Throughout, a background of sessions is kept running at once (50 by default): each loops through agent
+turns of thinking, two `bash` calls (a long `sleep`, then git/ls in its own sandbox and clone) and an answer, and
+is sent its next message as soon as it goes idle. The number of sessions actually running is sampled from
+the database every second and reported with the results.
+
+Phase 1 is the comparison above. Phase 2 measures the platform's own share of TTFT "with 50 sessions running
+at once" on its own: decoupled sessions only, at a steady rate, beside the same running background, without
+phase 1's stream of coupled clones competing for the machine. Both phases' figures are reported; the target
+on the platform's share is judged on phase 2.
+
+Everything is real and local: its own PostgreSQL and Redis (as bench/log.py starts them), migrations, Daphne,
+Celery workers (threads pool) and beat (the sweeper, the reaper, pool maintenance), Docker sandboxes from
+workbench-sandbox:latest, `git daemon` and the offline model in their own processes. Sessions are archived
+and their sandboxes terminated as they finish; at the end every container labelled with the run's
+`workbench.deployment` is removed.
+
+Usage: .venv/bin/python -m bench.ttft [--quick] [--per-mode N] [--rate R] [--background N]
+       [--platform-sessions N] [--seed S] [--note TEXT] [--logs DIR]
+
+Prints progress and a table, writes bench/results/ttft.json and ttft.png (ttft-quick.* with --quick) and
+exits 0 whether or not the targets are met (non-zero only if the run itself fails).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # so that `python bench/ttft.py` works as well as `python -m bench.ttft`
+    sys.path.insert(0, str(ROOT))
+
+from bench.log import free_port, local_redis, machine_info, percentile, say, setup_django  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+
+MODES = ("coupled", "decoupled", "decoupled+pool")
+# The reference system's figures, taken as this benchmark's targets.
+P50_REDUCTION_TARGET = 0.60
+P95_REDUCTION_TARGET = 0.90
+PLATFORM_P50_TARGET_MS = 25.0
+RUNNING_TARGET = 50
+
+USER_MESSAGE = (
+    "Before we change anything, tell me in two sentences what this repository is for and "
+    "which part of it handles incoming requests."
+)
+REPO_MOUNT = "/workspace/repo"
+TOOL_MESSAGE = f"/bash git -C {REPO_MOUNT} rev-parse HEAD"
+BACKGROUND_STARTING = 4  # background sessions getting their first sandbox and clone at once
+BACKGROUND_THOUGHT = (
+    "The failing check points at the request parser; I will look at the recent history "
+    "and the tree before opening a file, so the change stays small."
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    per_mode: int  # measured sessions per mode
+    warmup: int  # sessions per mode run first and left out of the figures
+    rate: float  # mean arrivals per second (Poisson), over all modes
+    background: int  # sessions kept running at once besides the measured ones
+    tool_turn_every: int  # every Nth session of each mode sends the tool-calling second message
+    warm_pool: int  # the decoupled+pool environment's pool size
+    model_ttft_ms: float  # the offline model's fixed time to first token
+    model_tps: float  # its streaming rate, tokens per second
+    background_tool_seconds: float  # each background bash call sleeps this long first
+    platform_sessions: (
+        int  # phase 2: decoupled sessions measuring the platform's share, with the background on
+    )
+    platform_rate: float  # their mean arrivals per second
+    workers: int = 4  # Celery worker processes (threads pool)
+    threads: int = 25  # threads per worker
+    files: int = 3000  # files in the served repository
+    commits: int = 30  # its history
+    seed: int = 20260401
+
+
+DEFAULT = Plan(
+    per_mode=200,
+    warmup=3,
+    rate=0.5,
+    background=RUNNING_TARGET,
+    tool_turn_every=8,
+    warm_pool=6,
+    model_ttft_ms=300.0,
+    model_tps=50.0,
+    background_tool_seconds=15.0,
+    platform_sessions=100,
+    platform_rate=1.0,
+)
+QUICK = Plan(
+    per_mode=20,
+    warmup=2,
+    rate=0.5,
+    background=10,
+    tool_turn_every=4,
+    warm_pool=3,
+    model_ttft_ms=300.0,
+    model_tps=50.0,
+    background_tool_seconds=15.0,
+    platform_sessions=20,
+    platform_rate=1.0,
+)
+
+
+@dataclass
+class Sample:
+    """One measured session."""
+
+    phase: str  # "compare" (the three modes) or "platform" (decoupled only, for the platform's share)
+    index: int
+    mode: str
+    warmup: bool
+    tool_turn: bool
+    arrival_s: float  # scheduled arrival, seconds from the start of the first measured phase
+    session_id: str = ""
+    ttft_ms: float | None = None  # POST of the user message -> first event_delta on the stream
+    post_ms: float | None = None  # the POST's own round trip
+    turn_ms: float | None = None  # POST -> session.status_idle
+    tool_result_ms: float | None = None  # second POST -> agent.tool_result on the stream
+    tool_ok: bool | None = None  # the tool saw the served repository's tip
+    # From the log's own timestamps, relative to the POST (client wall clock, same host):
+    logged_ms: float | None = None  # -> the user.message committed
+    woken_ms: float | None = None  # -> session.status_running (a brain took the lease and began the turn)
+    to_request_ms: float | None = None  # -> span.model_request_start (queue, lease, fold, [sandbox, clone])
+    provision_ms: float | None = None  # coupled: status_running -> sandbox.provisioned
+    clone_ms: float | None = None  # coupled: sandbox.provisioned -> span.model_request_start
+    pooled: bool | None = None  # the sandbox came from the warm pool
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Phase:
+    """What the machine, the model and this client did during one measured phase."""
+
+    name: str
+    start_s: float = 0.0  # from the start of the first phase
+    seconds: float = 0.0
+    running: list[int] = field(default_factory=list)  # sessions running, sampled each second
+    cpu_busy: list[float] = field(default_factory=list)
+    pg_connections: list[int] = field(default_factory=list)
+    live_sandboxes: list[int] = field(default_factory=list)
+    model_probe_ms: list[float] = field(default_factory=list)  # the model asked directly
+    loop_lag_ms: list[float] = field(default_factory=list)  # this client's event loop, late by
+    cpu_seconds: dict[str, float] = field(default_factory=dict)  # our processes, by part
+    cpu_pressure: float | None = None  # share of the time some task of the machine waited for a CPU
+    load_average: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "seconds": round(self.seconds, 1),
+            "running_at_once": {
+                "mean": round(statistics.fmean(self.running), 1) if self.running else 0.0,
+                "min": min(self.running, default=0),
+                "max": max(self.running, default=0),
+            },
+            "cpu_busy_mean": round(statistics.fmean(self.cpu_busy), 3) if self.cpu_busy else None,
+            "cpu_pressure": self.cpu_pressure,
+            "load_average_at_end": self.load_average,
+            "cores_used": {
+                k: round(v / self.seconds, 2)
+                for k, v in sorted(self.cpu_seconds.items(), key=lambda kv: -kv[1])
+                if v > 0
+            }
+            if self.seconds
+            else {},
+            "pg_connections_max": max(self.pg_connections, default=0),
+            "live_sandboxes_mean": round(statistics.fmean(self.live_sandboxes), 1)
+            if self.live_sandboxes
+            else None,
+            "model_direct_ttft_ms": {
+                "n": len(self.model_probe_ms),
+                "p50": pct(self.model_probe_ms, 0.5),
+                "p95": pct(self.model_probe_ms, 0.95),
+                "p99": pct(self.model_probe_ms, 0.99),
+            },
+            "client_loop_lag_ms": {"p50": pct(self.loop_lag_ms, 0.5), "p99": pct(self.loop_lag_ms, 0.99)},
+        }
+
+
+# --- Services and processes --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def local_postgres(folder: Path, max_connections: int) -> Iterator[str]:
+    """As bench/log.py's cluster (default durability), with room for a hundred worker threads' connections."""
+    bins = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name))
+    if not bins or not (bins[-1] / "initdb").exists():
+        raise SystemExit("bench/ttft: PostgreSQL server binaries not found (apt-get install postgresql)")
+    pgbin = bins[-1]
+    runas = []
+    if os.getuid() == 0:
+        shutil.chown(folder, "postgres")
+        runas = ["runuser", "-u", "postgres", "--"]
+    port = free_port()
+    subprocess.run(
+        [*runas, pgbin / "initdb", "-D", folder / "pg", "-U", "postgres", "-A", "trust", "--no-sync"],
+        check=True,
+        capture_output=True,
+    )
+    options = (
+        f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c max_connections={max_connections} "
+        "-c shared_buffers=256MB -c fsync=on -c synchronous_commit=on -c full_page_writes=on"
+    )
+    subprocess.run(
+        [
+            *runas,
+            pgbin / "pg_ctl",
+            "-D",
+            folder / "pg",
+            "-l",
+            folder / "pg.log",
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            options,
+            "start",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        subprocess.run(
+            [*runas, pgbin / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "workbench"],
+            check=True,
+        )
+        yield f"postgres://postgres@127.0.0.1:{port}/workbench"
+    finally:
+        subprocess.run(
+            [*runas, pgbin / "pg_ctl", "-D", folder / "pg", "-m", "fast", "-w", "stop"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+
+class Processes:
+    """Child processes, each in its own process group, stopped in reverse order."""
+
+    def __init__(self, folder: Path, env: dict[str, str]):
+        self.folder, self.env = folder, env
+        self.started: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self, name: str, command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        with open(self.folder / f"{name}.log", "ab") as log:
+            process = subprocess.Popen(
+                command,
+                cwd=kwargs.pop("cwd", ROOT),
+                env=kwargs.pop("env", self.env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                **kwargs,
+            )
+        self.started.append((name, process))
+        return process
+
+    def check(self) -> None:
+        for name, process in self.started:
+            if process.poll() is not None:
+                tail = (self.folder / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise SystemExit(f"bench/ttft: {name} exited with {process.returncode}:\n{tail}")
+
+    def log(self, name: str) -> str:
+        return (self.folder / f"{name}.log").read_text(errors="replace")
+
+    def pids(self, prefix: str) -> list[int]:
+        return [p.pid for name, p in self.started if name.startswith(prefix) and p.poll() is None]
+
+    def stop(self) -> None:
+        for _, process in reversed(self.started):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for _, process in reversed(self.started):
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+
+
+def wait_until(condition: Any, timeout: float, what: str, processes: Processes | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if processes is not None:
+            processes.check()
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench/ttft: timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.1)
+
+
+# --- The repository ----------------------------------------------------------------------------------------
+
+_WORDS = (
+    "request",
+    "response",
+    "session",
+    "event",
+    "handler",
+    "config",
+    "value",
+    "result",
+    "error",
+    "index",
+    "buffer",
+    "stream",
+    "parse",
+    "render",
+    "token",
+    "cache",
+    "client",
+    "server",
+    "worker",
+    "queue",
+    "state",
+    "item",
+    "node",
+    "tree",
+    "path",
+    "file",
+    "line",
+    "count",
+    "limit",
+    "offset",
+    "start",
+    "stop",
+    "name",
+    "kind",
+    "router",
+    "schema",
+    "record",
+    "batch",
+    "retry",
+    "lease",
+)
+
+
+def build_repository(folder: Path, *, files: int, commits: int, seed: int) -> dict[str, Any]:
+    """A deterministic repository of source-like files (a few binary assets), with history; packed without
+    deltas so that `git daemon` serves a shallow clone by copying rather than recompressing."""
+    rng = random.Random(seed)
+    repo = folder / "repo.git.work"
+    repo.mkdir(parents=True)
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "bench",
+        "GIT_AUTHOR_EMAIL": "bench@example.invalid",
+        "GIT_COMMITTER_NAME": "bench",
+        "GIT_COMMITTER_EMAIL": "bench@example.invalid",
+        "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
+        "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
+    }
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
+        ).stdout.strip()
+
+    def source(lines: int) -> str:
+        out = []
+        for i in range(lines):
+            indent = "    " * rng.randrange(0, 3)
+            w = rng.choices(_WORDS, k=rng.randrange(3, 9))
+            if rng.random() < 0.1:
+                out.append(f"{indent}def {w[0]}_{w[1]}_{i}(self, {', '.join(w[2:])}):")
+            else:
+                out.append(
+                    f"{indent}{w[0]} = {'_'.join(w[1:3])}({', '.join(w[3:])})  # {rng.randrange(10**6)}"
+                )
+        return "\n".join(out) + "\n"
+
+    git("init", "-q", "-b", "main")
+    paths = []
+    for i in range(files):
+        path = (
+            f"src/{rng.choice(_WORDS)}/{rng.choice(_WORDS)}/{rng.choice(_WORDS)}_{i}"
+            f"{rng.choice(('.py', '.py', '.py', '.ts', '.md', '.json'))}"
+        )
+        paths.append(path)
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(source(max(5, int(rng.lognormvariate(4.3, 0.8)))))
+    (repo / "assets").mkdir()
+    for i in range(6):
+        (repo / f"assets/image_{i}.bin").write_bytes(rng.randbytes(500_000))
+    (repo / "README.md").write_text("# bench-service\n\nA request router and its workers (generated).\n")
+    git("add", "-A")
+    git("commit", "-q", "-m", "Initial import")
+    for c in range(commits):
+        for path in rng.sample(paths, 60):
+            with open(repo / path, "a") as out:
+                out.write(source(20))
+        git("commit", "-q", "-a", "-m", f"Change {c + 1}: adjust {rng.choice(_WORDS)} handling")
+    git("repack", "-q", "-a", "-d", "-f", "--window=0", "--depth=0")
+    git("prune-packed")
+    tree_bytes = sum(p.stat().st_size for p in repo.rglob("*") if p.is_file() and ".git" not in p.parts)
+    pack_bytes = sum(p.stat().st_size for p in (repo / ".git").rglob("*.pack"))
+    served = folder / "repo.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(repo), str(served)], check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(served), "repack", "-q", "-a", "-d", "-f", "--window=0", "--depth=0"],
+        check=True,
+        capture_output=True,
+    )
+    shutil.rmtree(repo)
+    return {
+        "files": len(paths) + 7,
+        "commits": commits + 1,
+        "tree_mb": round(tree_bytes / 1e6, 1),
+        "pack_mb": round(pack_bytes / 1e6, 1),
+        "head": subprocess.run(
+            ["git", "-C", str(served), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+        ).stdout.strip(),
+    }
+
+
+# --- The client: the /v1 API and its SSE stream -----------------------------------------------------------
+
+
+class Api:
+    def __init__(self, base_url: str, key: str):
+        import httpx
+
+        self.base_url = base_url
+        self.headers = {"authorization": f"Bearer {key}"}
+        self.http = httpx.AsyncClient(
+            base_url=base_url,
+            headers=self.headers,
+            timeout=httpx.Timeout(60.0),
+            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
+        )
+
+    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = await self.http.post(path, json=body)
+        if response.status_code >= 400:
+            raise RuntimeError(f"POST {path}: {response.status_code} {response.text[:300]}")
+        return response.json()
+
+    async def send(self, session_id: str, text: str) -> None:
+        await self.post(
+            f"/v1/sessions/{session_id}/events",
+            {"events": [{"type": "user.message", "content": [{"type": "text", "text": text}]}]},
+        )
+
+
+class Stream:
+    """A session's SSE stream, read by a task that stamps each event as it arrives (monotonic clock)."""
+
+    def __init__(self, api: Api, session_id: str, *, deltas: bool):
+        self.api, self.session_id, self.deltas = api, session_id, deltas
+        self.queue: asyncio.Queue[tuple[float, str, dict[str, Any] | None]] = asyncio.Queue()
+        self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        import httpx
+
+        params = [("event_deltas[]", "agent.message")] if self.deltas else []
+        try:
+            async with self.api.http.stream(
+                "GET",
+                f"/v1/sessions/{self.session_id}/events/stream",
+                params=params,
+                timeout=httpx.Timeout(60.0, read=None),
+            ) as response:
+                if response.status_code != 200:
+                    raise RuntimeError(f"stream: {response.status_code}")
+                name, at = "", 0.0
+                async for line in response.aiter_lines():
+                    if line.startswith("event: "):
+                        name, at = line[7:], time.perf_counter()
+                        if name == "ping" and not self.opened.done():
+                            self.opened.set_result(None)
+                    elif line.startswith("data: ") and name not in ("ping", "event_start", "event_delta"):
+                        self.queue.put_nowait((at, name, json.loads(line[6:])))
+                    elif line.startswith("data: ") and name == "event_delta":
+                        self.queue.put_nowait((at, name, None))
+        except Exception as error:  # noqa: BLE001 - handed to whoever waits on the stream
+            if not self.opened.done():
+                self.opened.set_exception(error)
+            self.queue.put_nowait((time.perf_counter(), "stream.error", {"error": repr(error)}))
+
+    async def next(self, *names: str, timeout: float) -> tuple[float, str, dict[str, Any] | None]:
+        """The next event of one of these names (earlier others are dropped, except errors, which raise)."""
+        deadline = time.perf_counter() + timeout
+        while True:
+            at, name, data = await asyncio.wait_for(
+                self.queue.get(), max(0.01, deadline - time.perf_counter())
+            )
+            if name in names:
+                return at, name, data
+            if name == "stream.error":
+                raise RuntimeError((data or {}).get("error"))
+
+    async def close(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.task
+
+
+# --- The run ------------------------------------------------------------------------------------------------
+
+
+class Run:
+    def __init__(
+        self,
+        plan: Plan,
+        api: Api,
+        repo: dict[str, Any],
+        model_url: str,
+        agent: str,
+        environments: dict[str, str],
+        cpu_snapshot: Any,
+    ):
+        self.plan, self.api, self.repo, self.model_url = plan, api, repo, model_url
+        self.cpu_snapshot = cpu_snapshot
+        self.agent, self.environments = agent, environments
+        self.samples: list[Sample] = []
+        self.phases: list[Phase] = []
+        self.phase: Phase | None = None  # the one being measured
+        self.timeline: list[
+            tuple[float, int]
+        ] = []  # (seconds from the first phase's start, sessions running)
+        self.background_ids: list[str] = []
+        self.background_turns = 0
+        self.background_errors = 0
+        self.in_flight = 0
+        self.t0 = 0.0
+        self.stopping = asyncio.Event()
+        self.cleanup = asyncio.Semaphore(3)  # sandbox removals at once (dockerd does the work)
+
+    def resource(self) -> dict[str, Any]:
+        return {"type": "github_repository", "url": self.repo["url"], "mount_path": REPO_MOUNT}
+
+    async def new_session(self, environment: str, agent: str | None = None) -> str:
+        body = {"agent": agent or self.agent, "environment_id": environment, "resources": [self.resource()]}
+        return (await self.api.post("/v1/sessions", body))["id"]
+
+    # -- one measured session
+
+    async def measured(self, sample: Sample) -> None:
+        await asyncio.sleep(max(0.0, self.t0 + sample.arrival_s - time.perf_counter()))
+        self.in_flight += 1
+        stream: Stream | None = None
+        try:
+            sample.session_id = await self.new_session(self.environments[sample.mode])
+            stream = Stream(self.api, sample.session_id, deltas=True)
+            await asyncio.wait_for(asyncio.shield(stream.opened), 30)
+            posted_wall, posted = time.time(), time.perf_counter()
+            await self.api.send(sample.session_id, USER_MESSAGE)
+            sample.post_ms = (time.perf_counter() - posted) * 1000
+            at, name, _ = await stream.next("event_delta", "session.status_idle", timeout=300)
+            if name != "event_delta":
+                raise RuntimeError("the turn ended without a text delta")
+            sample.ttft_ms = (at - posted) * 1000
+            at, _, idle = await stream.next("session.status_idle", timeout=300)
+            sample.turn_ms = (at - posted) * 1000
+            if sample.tool_turn:
+                posted2 = time.perf_counter()
+                await self.api.send(sample.session_id, TOOL_MESSAGE)
+                at, _, result = await stream.next("agent.tool_result", timeout=600)
+                sample.tool_result_ms = (at - posted2) * 1000
+                text = "".join(b.get("text", "") for b in (result or {}).get("content", []))
+                sample.tool_ok = self.repo["head"] in text
+                if not sample.tool_ok:
+                    sample.errors.append(f"tool result without the repository's head: {text[:200]!r}")
+                await stream.next("session.status_idle", timeout=300)
+            await asyncio.to_thread(self.read_log, sample, posted_wall)
+        except Exception as error:  # noqa: BLE001 - a failed session is reported, not fatal
+            sample.errors.append(f"{type(error).__name__}: {error}")
+        finally:
+            self.in_flight -= 1
+            if stream is not None:
+                await stream.close()
+            if sample.session_id:
+                async with self.cleanup:
+                    await self.retire(sample.session_id)
+
+    def read_log(self, sample: Sample, posted_wall: float) -> None:
+        """Where the time went, by the log's own timestamps."""
+        from sessions.models import Event
+
+        events = list(
+            Event.objects.filter(session_id=sample.session_id)
+            .order_by("seq")
+            .values_list("type", "processed_at", "payload")
+        )
+        first: dict[str, float] = {}
+        for kind, at, payload in events:
+            first.setdefault(kind, at.timestamp())
+            if kind == "session.error":
+                sample.errors.append(f"session.error: {payload.get('error', {}).get('message', '')[:200]}")
+            if kind == "sandbox.provisioned" and sample.pooled is None:
+                sample.pooled = bool(payload.get("pooled"))
+        if "user.message" in first:
+            sample.logged_ms = (first["user.message"] - posted_wall) * 1000
+        if "session.status_running" in first:
+            sample.woken_ms = (first["session.status_running"] - posted_wall) * 1000
+        if "span.model_request_start" in first:
+            sample.to_request_ms = (first["span.model_request_start"] - posted_wall) * 1000
+        if sample.mode == "coupled" and "sandbox.provisioned" in first and "session.status_running" in first:
+            sample.provision_ms = (first["sandbox.provisioned"] - first["session.status_running"]) * 1000
+            sample.clone_ms = (first["span.model_request_start"] - first["sandbox.provisioned"]) * 1000
+        if sample.mode == "coupled" and first.get("sandbox.provisioned", math.inf) > first.get(
+            "span.model_request_start", -math.inf
+        ):
+            sample.errors.append("coupled session whose first model call came before its sandbox")
+
+    async def retire(self, session_id: str) -> None:
+        """Terminate the session's sandboxes and archive it, as an operator would when it is done."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.to_thread(terminate_sandboxes, session_id), 120)
+        with contextlib.suppress(Exception):
+            await self.api.post(f"/v1/sessions/{session_id}/archive", {})
+
+    # -- the background of running sessions
+
+    def background_message(self, *, first: bool = False) -> str:
+        if first:  # get the sandbox and the clone, and answer at once
+            return f"/bash git -C {REPO_MOUNT} log --oneline -1"
+        s = f"{self.plan.background_tool_seconds:g}"
+        return "\n".join(
+            [
+                f"/think {BACKGROUND_THOUGHT}",
+                f"/bash sleep {s}; git -C {REPO_MOUNT} log --oneline -1",
+                f"/bash sleep {s}; ls {REPO_MOUNT}/src | wc -l",
+            ]
+        )
+
+    async def start_background(self, agent: str, environment: str) -> None:
+        """Start the background sessions a few at a time (each clones the repository on its first tool call),
+        and wait until every one has had a tool result in its own sandbox."""
+        if not self.plan.background:
+            return
+        say(
+            f"starting {self.plan.background} background sessions, at most {BACKGROUND_STARTING} cloning at once"
+        )
+        began, last_said = time.perf_counter(), 0.0
+        while True:
+            ready, failed = await asyncio.to_thread(background_state, self.background_ids)
+            starting = len(self.background_ids) - ready
+            for _ in range(
+                min(BACKGROUND_STARTING - starting, self.plan.background - len(self.background_ids))
+            ):
+                session_id = await self.new_session(environment, agent)
+                self.background_ids.append(session_id)
+                await self.api.send(session_id, self.background_message(first=True))
+            if ready >= self.plan.background:
+                break
+            if time.perf_counter() - last_said > 15:
+                last_said = time.perf_counter()
+                say(
+                    f"  {time.perf_counter() - began:4.0f} s: {ready} of {self.plan.background} ready"
+                    + (f", {failed} sandbox or clone errors so far" if failed else "")
+                )
+            if time.perf_counter() - began > 900:
+                raise SystemExit(
+                    f"bench/ttft: only {ready} of {self.plan.background} background sessions got a "
+                    "sandbox and a tool result in 15 minutes"
+                )
+            await asyncio.sleep(0.5)
+        say(
+            f"  all {len(self.background_ids)} background sessions hold a sandbox with the repository "
+            f"({time.perf_counter() - began:.0f} s)"
+        )
+
+    async def keep_background_running(self) -> None:
+        """Send each background session its next message as soon as it is idle."""
+        pending: set[str] = set()
+
+        async def resend(session_id: str) -> None:
+            try:
+                await self.api.send(session_id, self.background_message())
+                self.background_turns += 1
+            except Exception:  # noqa: BLE001 - counted; the next poll tries again
+                self.background_errors += 1
+            finally:
+                pending.discard(session_id)
+
+        while not self.stopping.is_set():
+            idle = await asyncio.to_thread(idle_sessions, self.background_ids)
+            for session_id in idle:
+                if session_id not in pending:
+                    pending.add(session_id)
+                    asyncio.create_task(resend(session_id))
+            await asyncio.sleep(0.25)
+
+    # -- what the machine and the model are doing meanwhile
+
+    async def sample_system(self) -> None:
+        previous = cpu_times()
+        while not self.stopping.is_set():
+            await asyncio.sleep(1.0)
+            running, connections, sandboxes = await asyncio.to_thread(system_counts)
+            now = cpu_times()
+            busy = 1 - (now[1] - previous[1]) / max(1e-9, now[0] - previous[0])
+            previous = now
+            if (phase := self.phase) is not None:
+                self.timeline.append((round(time.perf_counter() - self.t0, 1), running))
+                phase.running.append(running)
+                phase.cpu_busy.append(busy)
+                phase.pg_connections.append(connections)
+                phase.live_sandboxes.append(sandboxes)
+
+    async def probe_model(self) -> None:
+        """The offline model's own time to first token, asked directly (not through the platform)."""
+        import httpx
+
+        body = {
+            "model": "claude-sonnet-5-5",
+            "max_tokens": 16,
+            "stream": True,
+            "messages": [{"role": "user", "content": "probe"}],
+        }
+        async with httpx.AsyncClient(base_url=self.model_url, timeout=30) as http:
+            while not self.stopping.is_set():
+                began = time.perf_counter()
+                with contextlib.suppress(Exception):
+                    async with http.stream(
+                        "POST",
+                        "/v1/messages",
+                        json=body,
+                        headers={"x-api-key": "probe", "anthropic-version": "2023-06-01"},
+                    ) as r:
+                        async for line in r.aiter_lines():
+                            if line.startswith("event: content_block_delta"):
+                                if self.phase is not None:
+                                    self.phase.model_probe_ms.append((time.perf_counter() - began) * 1000)
+                                break
+                await asyncio.sleep(2.0)
+
+    async def watch_loop_lag(self) -> None:
+        """How late this client's own event loop runs: if it lagged, the client would inflate the figures."""
+        while not self.stopping.is_set():
+            began = time.perf_counter()
+            await asyncio.sleep(0.05)
+            if self.phase is not None:
+                self.phase.loop_lag_ms.append((time.perf_counter() - began - 0.05) * 1000)
+
+    async def progress(self) -> None:
+        while not self.stopping.is_set():
+            await asyncio.sleep(15)
+            if (phase := self.phase) is None:
+                continue
+            done = [
+                x for x in self.samples if x.phase == phase.name and x.ttft_ms is not None and not x.warmup
+            ]
+            parts = []
+            for mode in MODES if phase.name == "compare" else ("decoupled",):
+                values = [x.ttft_ms for x in done if x.mode == mode]
+                parts.append(
+                    f"{mode} {len(values)}" + (f" p50 {percentile(values, 0.5):.0f} ms" if values else "")
+                )
+            failed = sum(bool(x.errors) for x in self.samples if x.phase == phase.name)
+            say(
+                f"  {time.perf_counter() - self.t0 - phase.start_s:5.0f} s  "
+                + " | ".join(parts)
+                + f" | in flight {self.in_flight}, running {phase.running[-1] if phase.running else 0}, CPU "
+                f"{100 * statistics.fmean(phase.cpu_busy[-15:] or [0]):.0f}%"
+                + (f", failed {failed}" if failed else "")
+            )
+
+    def compare_schedule(self) -> list[Sample]:
+        """The three modes round-robin at Poisson arrivals; warm-up sessions first; every Nth a tool turn."""
+        rng = random.Random(self.plan.seed)
+        arrival, schedule = 0.0, []
+        counts: Counter[str] = Counter()
+        for i in range((self.plan.warmup + self.plan.per_mode) * len(MODES)):
+            mode = MODES[i % len(MODES)]
+            k = counts[mode] - self.plan.warmup
+            counts[mode] += 1
+            every = self.plan.tool_turn_every
+            schedule.append(
+                Sample("compare", i, mode, k < 0, k >= 0 and k % every == every - 1, round(arrival, 3))
+            )
+            arrival += rng.expovariate(self.plan.rate)
+        return schedule
+
+    def platform_schedule(self) -> list[Sample]:
+        rng = random.Random(self.plan.seed + 1)
+        arrival, schedule = 0.0, []
+        for i in range(self.plan.platform_sessions):
+            schedule.append(Sample("platform", i, "decoupled", False, False, round(arrival, 3)))
+            arrival += rng.expovariate(self.plan.platform_rate)
+        return schedule
+
+    async def measure(self, name: str, schedule: list[Sample]) -> Phase:
+        """Run one phase's sessions at their arrival times, with the machine's figures taken meanwhile."""
+        if not self.phases:
+            self.t0 = time.perf_counter()
+        phase = Phase(name, start_s=time.perf_counter() - self.t0)
+        for sample in schedule:
+            sample.arrival_s = round(sample.arrival_s + phase.start_s, 3)
+        self.samples += schedule
+        cpu_before, pressure_before = self.cpu_snapshot(), cpu_pressure_us()
+        self.phase = phase
+        await asyncio.gather(*(self.measured(sample) for sample in schedule))
+        self.phase = None
+        phase.seconds = time.perf_counter() - self.t0 - phase.start_s
+        cpu_after, pressure_after = self.cpu_snapshot(), cpu_pressure_us()
+        phase.cpu_seconds = {k: round(cpu_after[k] - cpu_before.get(k, 0.0), 1) for k in cpu_after}
+        if pressure_before is not None and pressure_after is not None:
+            phase.cpu_pressure = round((pressure_after - pressure_before) / 1e6 / phase.seconds, 3)
+        phase.load_average = [round(x, 2) for x in os.getloadavg()]
+        self.phases.append(phase)
+        return phase
+
+
+# Synchronous helpers for the client's threads (Django's ORM, the Docker engine).
+
+
+def terminate_sandboxes(session_id: str) -> None:
+    from sandboxes.hands import sandbox_terminate
+    from sandboxes.models import Sandbox
+
+    live = (Sandbox.Status.READY, Sandbox.Status.PROVISIONING, Sandbox.Status.DEAD)
+    for sandbox_id in Sandbox.objects.filter(session_id=session_id, status__in=live).values_list(
+        "id", flat=True
+    ):
+        sandbox_terminate(sandbox_id)
+
+
+def background_state(session_ids: list[str]) -> tuple[int, int]:
+    """(sessions that had a tool result in a live sandbox, sandbox and clone errors so far)."""
+    from sandboxes.models import Sandbox
+    from sessions.models import Event
+
+    with_result = set(
+        Event.objects.filter(session_id__in=session_ids, type="agent.tool_result")
+        .values_list("session_id", flat=True)
+        .distinct()
+    )
+    ready = Sandbox.objects.filter(session_id__in=with_result, status=Sandbox.Status.READY).count()
+    failed = Event.objects.filter(
+        session_id__in=session_ids, type__in=("sandbox.failed", "session.error")
+    ).count()
+    return ready, failed
+
+
+def idle_sessions(session_ids: list[str]) -> list[str]:
+    from sessions.models import Session
+
+    return list(
+        Session.objects.filter(id__in=session_ids, status=Session.Status.IDLE).values_list("id", flat=True)
+    )
+
+
+def system_counts() -> tuple[int, int, int]:
+    from django.db import connection
+
+    from sandboxes.models import Sandbox
+    from sessions.models import Session
+
+    running = Session.objects.filter(status=Session.Status.RUNNING, archived_at__isnull=True).count()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")
+        connections = cursor.fetchone()[0]
+    sandboxes = Sandbox.objects.filter(status=Sandbox.Status.READY).count()
+    return running, connections, sandboxes
+
+
+def cpu_times() -> tuple[float, float]:
+    """(total, idle + iowait) jiffies of the whole machine."""
+    fields = [float(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return sum(fields), fields[3] + fields[4]
+
+
+def cpu_pressure_us() -> float | None:
+    """Microseconds, since boot, that some runnable task waited for a CPU (Linux PSI), if the kernel says."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return float(Path("/proc/pressure/cpu").read_text().split()[4].split("=")[1])
+    return None
+
+
+def process_cpu(
+    groups: dict[str, list[int]], singles: dict[str, int], postmaster: int | None
+) -> dict[str, float]:
+    """CPU seconds so far of our processes by part: `groups` are process groups (a leader and what it forked),
+    `singles` single processes, PostgreSQL the postmaster and its children, this client its own process, and
+    the Docker engine (dockerd, containerd and the shims) is shared with anything else on this machine."""
+    import resource
+
+    tick = os.sysconf("SC_CLK_TCK")
+    leaders = {pid: name for name, pids in groups.items() for pid in pids}
+    single = {pid: name for name, pid in singles.items()}
+    totals: dict[str, float] = dict.fromkeys([*groups, *singles, "postgresql", "docker engine (shared)"], 0.0)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    totals["this client"] = usage.ru_utime + usage.ru_stime
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+        fields = raw[raw.rindex(")") + 2 :].split()
+        ppid, pgrp = int(fields[1]), int(fields[2])
+        seconds = sum(int(x) for x in fields[11:15]) / tick  # utime, stime, cutime, cstime
+        pid = int(entry.name)
+        if pid in single:
+            totals[single[pid]] += seconds
+        elif pgrp in leaders:
+            totals[leaders[pgrp]] += seconds
+        elif postmaster is not None and (pid == postmaster or ppid == postmaster):
+            totals["postgresql"] += seconds
+        elif comm in ("dockerd", "containerd") or comm.startswith("containerd-shim"):
+            totals["docker engine (shared)"] += seconds
+    return totals
+
+
+def child_pid(marker: str) -> int:
+    """The pid of this process's child whose command line holds `marker`."""
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            if (
+                entry.name.isdigit()
+                and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid()
+                and marker in (entry / "cmdline").read_text()
+            ):
+                return int(entry.name)
+    raise RuntimeError(f"no child process running {marker}")
+
+
+def remove_containers(deployment: str) -> int:
+    import docker
+
+    engine = docker.from_env()
+    containers = engine.containers.list(all=True, filters={"label": f"workbench.deployment={deployment}"})
+    for container in containers:
+        with contextlib.suppress(docker.errors.APIError):
+            container.remove(force=True, v=True)
+    return len(containers)
+
+
+# --- Figures ------------------------------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float | None:
+    return round(percentile(values, q), 1) if values else None
+
+
+def reduction(coupled: float | None, other: float | None) -> float | None:
+    return None if not coupled or other is None else round(1 - other / coupled, 3)
+
+
+def good(samples: list[Sample], phase: str, mode: str) -> list[Sample]:
+    return [
+        x
+        for x in samples
+        if x.phase == phase and x.mode == mode and not x.warmup and x.ttft_ms is not None and not x.errors
+    ]
+
+
+def parts(ok: list[Sample], plan: Plan) -> dict[str, float | None]:
+    """p50s of where TTFT went, from the POST: committed, a brain began the turn, the model request went out;
+    and after it, the streaming path's time beyond the model's own TTFT (SDK, previews, Redis, Daphne, client)."""
+    stream = [x.ttft_ms - x.to_request_ms - plan.model_ttft_ms for x in ok if x.to_request_ms is not None]
+    return {
+        "post_p50_ms": pct([x.post_ms for x in ok if x.post_ms is not None], 0.50),
+        "committed_p50_ms": pct([x.logged_ms for x in ok if x.logged_ms is not None], 0.50),
+        "brain_p50_ms": pct([x.woken_ms for x in ok if x.woken_ms is not None], 0.50),
+        "to_request_p50_ms": pct([x.to_request_ms for x in ok if x.to_request_ms is not None], 0.50),
+        "stream_path_p50_ms": pct(stream, 0.50),
+    }
+
+
+def summarise(samples: list[Sample], plan: Plan) -> list[dict[str, Any]]:
+    """Phase 1: one row per mode, reductions against coupled."""
+    rows = []
+    for mode in MODES:
+        ok = good(samples, "compare", mode)
+        ttft = [x.ttft_ms for x in ok]
+        share = [t - plan.model_ttft_ms for t in ttft]
+        tools = [x.tool_result_ms for x in ok if x.tool_result_ms is not None]
+        rows.append(
+            {
+                "mode": mode,
+                "n": len(ttft),
+                "failed": sum(
+                    1
+                    for x in samples
+                    if x.phase == "compare"
+                    and x.mode == mode
+                    and not x.warmup
+                    and (x.errors or x.ttft_ms is None)
+                ),
+                "p50_ms": pct(ttft, 0.50),
+                "p95_ms": pct(ttft, 0.95),
+                "p99_ms": pct(ttft, 0.99),
+                "mean_ms": round(statistics.fmean(ttft), 1) if ttft else None,
+                "max_ms": round(max(ttft), 1) if ttft else None,
+                "model_ttft_ms": plan.model_ttft_ms,
+                "platform_p50_ms": pct(share, 0.50),
+                "platform_p95_ms": pct(share, 0.95),
+                **parts(ok, plan),
+                "provision_p50_ms": pct([x.provision_ms for x in ok if x.provision_ms is not None], 0.50),
+                "clone_p50_ms": pct([x.clone_ms for x in ok if x.clone_ms is not None], 0.50),
+                "tool_result_n": len(tools),
+                "tool_result_p50_ms": pct(tools, 0.50),
+                "tool_result_p95_ms": pct(tools, 0.95),
+                "pooled_first_sandboxes": sum(1 for x in ok if x.pooled),
+            }
+        )
+    coupled = rows[0]
+    for row in rows:
+        for q in ("p50", "p95", "p99"):
+            row[f"{q}_reduction"] = None if row is coupled else reduction(coupled[f"{q}_ms"], row[f"{q}_ms"])
+    return rows
+
+
+def summarise_platform(samples: list[Sample], plan: Plan) -> dict[str, Any]:
+    """Phase 2: decoupled sessions alone beside the running background."""
+    ok = good(samples, "platform", "decoupled")
+    share = [x.ttft_ms - plan.model_ttft_ms for x in ok]
+    return {
+        "n": len(ok),
+        "failed": sum(1 for x in samples if x.phase == "platform" and (x.errors or x.ttft_ms is None)),
+        "p50_ms": pct([x.ttft_ms for x in ok], 0.50),
+        "p95_ms": pct([x.ttft_ms for x in ok], 0.95),
+        "p99_ms": pct([x.ttft_ms for x in ok], 0.99),
+        "model_ttft_ms": plan.model_ttft_ms,
+        "platform_p50_ms": pct(share, 0.50),
+        "platform_p95_ms": pct(share, 0.95),
+        "platform_p99_ms": pct(share, 0.99),
+        **parts(ok, plan),
+    }
+
+
+def targets(
+    rows: list[dict[str, Any]], platform: dict[str, Any], phases: dict[str, Phase]
+) -> list[dict[str, Any]]:
+    out = []
+    for row in rows[1:]:
+        for q, goal in (("p50", P50_REDUCTION_TARGET), ("p95", P95_REDUCTION_TARGET)):
+            value = row[f"{q}_reduction"]
+            out.append(
+                {
+                    "target": f"{row['mode']}: {q} TTFT reduction vs coupled",
+                    "goal": f">= {goal:.0%}",
+                    "measured": None if value is None else f"{value:.1%}",
+                    "met": value is not None and value >= goal,
+                }
+            )
+    value = platform["platform_p50_ms"]
+    out.append(
+        {
+            "target": "platform share of TTFT, p50 (phase 2, decoupled)",
+            "goal": f"<= {PLATFORM_P50_TARGET_MS:g} ms",
+            "measured": None if value is None else f"{value:.1f} ms",
+            "met": value is not None and value <= PLATFORM_P50_TARGET_MS,
+        }
+    )
+    if "platform" in phases:
+        running = phases["platform"].summary()["running_at_once"]
+        out.append(
+            {
+                "target": "  with sessions running at once (phase 2: mean; min)",
+                "goal": f">= {RUNNING_TARGET}",
+                "measured": f"{running['mean']:.1f}; {running['min']}",
+                "met": running["mean"] >= RUNNING_TARGET,
+            }
+        )
+    return out
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def table(
+    rows: list[dict[str, Any]],
+    platform: dict[str, Any],
+    goals: list[dict[str, Any]],
+    plan: Plan,
+    phases: dict[str, Phase],
+) -> str:
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1%}"
+
+    head = (
+        f"{'mode':<16}{'n':>4}{'p50':>8}{'p95':>8}{'p99':>8}{'model':>7}{'plat p50':>10}{'plat p95':>10}"
+        f"{'p50 red':>9}{'p95 red':>9}{'p99 red':>9}{'tool p50':>10}{'tool p95':>10}"
+    )
+    lines = [
+        f"phase 1: time to first token, ms (POST of the user message -> first text delta on the client's "
+        f"stream); {plan.per_mode} sessions per mode interleaved at {plan.rate:g}/s",
+        head,
+        "-" * len(head),
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['mode']:<16}{r['n']:>4}{ms(r['p50_ms']):>8}{ms(r['p95_ms']):>8}{ms(r['p99_ms']):>8}"
+            f"{ms(r['model_ttft_ms']):>7}{ms(r['platform_p50_ms']):>10}{ms(r['platform_p95_ms']):>10}"
+            f"{ratio(r['p50_reduction']):>9}{ratio(r['p95_reduction']):>9}{ratio(r['p99_reduction']):>9}"
+            f"{ms(r['tool_result_p50_ms']):>10}{ms(r['tool_result_p95_ms']):>10}"
+        )
+    lines += [
+        "model = the offline model's fixed TTFT; plat = TTFT - model (the platform's share); red = reduction "
+        "vs coupled (1 - mode/coupled);",
+        f"tool = a second message's POST -> its agent.tool_result (every "
+        f"{plan.tool_turn_every}th session: bash git rev-parse HEAD in the clone, checked)",
+    ]
+    coupled = rows[0]
+    if coupled["provision_p50_ms"] is not None:
+        lines.append(
+            f"coupled p50: {ms(coupled['to_request_p50_ms'])} ms to the model request, of which the sandbox "
+            f"{ms(coupled['provision_p50_ms'])} ms and the clone {ms(coupled['clone_p50_ms'])} ms"
+        )
+    for r in rows[1:]:
+        lines.append(
+            f"{r['mode']} p50: POST {ms(r['post_p50_ms'])} ms, model request at {ms(r['to_request_p50_ms'])} "
+            f"ms, streaming path beyond the model {ms(r['stream_path_p50_ms'])} ms; first tool calls from the "
+            f"warm pool: {r['pooled_first_sandboxes']} of {r['tool_result_n']}"
+        )
+    p = platform
+    lines += [
+        "",
+        f"phase 2: the platform's share with the background running; {plan.platform_sessions} decoupled "
+        f"sessions at {plan.platform_rate:g}/s, no coupled clones",
+        f"{'n':>4}{'p50':>8}{'p95':>8}{'p99':>8}{'model':>7}{'plat p50':>10}{'plat p95':>10}{'plat p99':>10}",
+        "-" * 65,
+        f"{p['n']:>4}{ms(p['p50_ms']):>8}{ms(p['p95_ms']):>8}{ms(p['p99_ms']):>8}{ms(p['model_ttft_ms']):>7}"
+        f"{ms(p['platform_p50_ms']):>10}{ms(p['platform_p95_ms']):>10}{ms(p['platform_p99_ms']):>10}",
+        f"p50 from the POST: committed {ms(p['committed_p50_ms'])} ms, POST answered {ms(p['post_p50_ms'])} ms, "
+        f"a brain began the turn {ms(p['brain_p50_ms'])} ms, model request {ms(p['to_request_p50_ms'])} ms; "
+        f"then the streaming path beyond the model's TTFT {ms(p['stream_path_p50_ms'])} ms",
+    ]
+    lines += ["", f"{'target':<58}{'goal':>10}{'measured':>14}  result", "-" * 92]
+    for g in goals:
+        lines.append(
+            f"{g['target']:<58}{g['goal']:>10}{g['measured'] or '-':>14}  {'met' if g['met'] else 'MISSED'}"
+        )
+    lines.append("")
+    for name, phase in phases.items():
+        summary = phase.summary()
+        running, probe = summary["running_at_once"], summary["model_direct_ttft_ms"]
+        lines.append(
+            f"phase {name} ({summary['seconds']:.0f} s): running at once mean {running['mean']}, min "
+            f"{running['min']}, max {running['max']}; the model asked directly: TTFT p50 {probe['p50']} ms, "
+            f"p95 {probe['p95']} ms; CPU pressure {summary['cpu_pressure']} (share of time some task waited "
+            f"for a CPU); load average at the end {summary['load_average_at_end']}; client loop lag p99 "
+            f"{summary['client_loop_lag_ms']['p99']} ms"
+        )
+        lines.append("  cores used: " + ", ".join(f"{k} {v:.2f}" for k, v in summary["cores_used"].items()))
+    return "\n".join(lines)
+
+
+def plot(
+    path: Path,
+    samples: list[Sample],
+    rows: list[dict[str, Any]],
+    platform: dict[str, Any],
+    plan: Plan,
+    timeline: list[tuple[float, int]],
+    title: str,
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {
+        "coupled": "#b0483a",
+        "decoupled": "#3b6ea8",
+        "decoupled+pool": "#3a9a5b",
+        "phase 2": "#333333",
+    }
+    figure, (ecdf, tools, over_time) = plt.subplots(1, 3, figsize=(18, 5.2))
+
+    def step(axis: Any, values: list[float], **style: Any) -> None:
+        values = sorted(values)
+        axis.step(
+            [values[0], *values],
+            [0.0] + [(i + 1) / len(values) for i in range(len(values))],
+            where="post",
+            **style,
+        )
+
+    for mode in MODES:
+        ok = good(samples, "compare", mode)
+        if not ok:
+            continue
+        row = next(r for r in rows if r["mode"] == mode)
+        step(
+            ecdf,
+            [x.ttft_ms for x in ok],
+            color=colours[mode],
+            label=f"{mode}: p50 {ms(row['p50_ms'])}, p95 {ms(row['p95_ms'])} ms",
+        )
+        ecdf.plot([row["p50_ms"], row["p95_ms"]], [0.5, 0.95], "o", color=colours[mode], markersize=4)
+        tool_values = [x.tool_result_ms for x in ok if x.tool_result_ms is not None]
+        if tool_values:
+            step(
+                tools,
+                tool_values,
+                color=colours[mode],
+                label=f"{mode}: p50 {ms(percentile(tool_values, 0.5))} ms",
+            )
+        over_time.plot(
+            [x.arrival_s for x in ok],
+            [x.ttft_ms for x in ok],
+            ".",
+            color=colours[mode],
+            markersize=3,
+            label=mode,
+        )
+    second = good(samples, "platform", "decoupled")
+    if second:
+        step(
+            ecdf,
+            [x.ttft_ms for x in second],
+            color=colours["phase 2"],
+            linestyle="--",
+            label=f"phase 2, decoupled: p50 {ms(platform['p50_ms'])}, p95 {ms(platform['p95_ms'])} ms",
+        )
+        over_time.plot(
+            [x.arrival_s for x in second],
+            [x.ttft_ms for x in second],
+            ".",
+            color=colours["phase 2"],
+            markersize=3,
+            label="phase 2 (decoupled)",
+        )
+    ecdf.axvline(
+        plan.model_ttft_ms,
+        color="#777",
+        linestyle=":",
+        linewidth=1,
+        label=f"the model's fixed TTFT ({plan.model_ttft_ms:g} ms)",
+    )
+    over_time.axhline(plan.model_ttft_ms, color="#777", linestyle=":", linewidth=1)
+    ecdf.set_xscale("log")
+    ecdf.set_xlabel("time to first token, ms (log)")
+    ecdf.set_ylabel("fraction of sessions")
+    ecdf.set_ylim(0, 1.02)
+    ecdf.set_title("TTFT: POST -> first text delta on the client's stream")
+    ecdf.legend(fontsize=7.5, loc="lower right")
+    tools.set_xscale("log")
+    tools.set_xlabel("ms (log)")
+    tools.set_ylabel("fraction of tool turns")
+    tools.set_ylim(0, 1.02)
+    tools.set_title(f"Second message -> first tool result (every {plan.tool_turn_every}th session)")
+    if tools.get_legend_handles_labels()[0]:
+        tools.legend(fontsize=7.5, loc="lower right")
+    over_time.set_yscale("log")
+    over_time.set_xlabel("seconds into the measurement (arrival)")
+    over_time.set_ylabel("TTFT, ms (log)")
+    over_time.set_title("Over the run, with sessions running at once (grey)")
+    if timeline:
+        twin = over_time.twinx()
+        twin.plot([t for t, _ in timeline], [n for _, n in timeline], color="#999", linewidth=0.8)
+        twin.set_ylabel("sessions running")
+        twin.set_ylim(bottom=0)
+    over_time.legend(fontsize=7.5, loc="upper right")
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+# --- Main ---------------------------------------------------------------------------------------------------
+
+
+def create_api_key() -> str:
+    from workbench.models import ApiKey, hash_key
+
+    raw = ApiKey.generate()
+    ApiKey.objects.create(name="bench-ttft", prefix=raw[:12], key_hash=hash_key(raw))
+    return raw
+
+
+async def drive(
+    plan: Plan, base_url: str, key: str, repo: dict[str, Any], model_url: str, cpu_snapshot: Any
+) -> Run:
+    from concurrent.futures import ThreadPoolExecutor
+
+    loop = asyncio.get_running_loop()
+    # Database reads, sandbox removals and polls run in threads; the default pool (a few threads) would queue them.
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=64, thread_name_prefix="ttft"))
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    interrupted = []
+
+    def interrupt() -> None:
+        say("interrupted: stopping the measurement and cleaning up")
+        interrupted.append(True)
+        main_task.cancel()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, interrupt)
+    api = Api(base_url, key)
+    toolset = [{"type": "agent_toolset_20260401"}]
+    agent = (await api.post("/v1/agents", {"name": "ttft", "model": "claude-sonnet-5-5", "tools": toolset}))[
+        "id"
+    ]
+    background_agent = (
+        await api.post(
+            "/v1/agents",
+            {
+                "name": "ttft-background",
+                "model": "claude-sonnet-5-5",
+                "tools": toolset,
+                "context": {"type": "window", "last_events": 60},
+            },
+        )
+    )["id"]
+    sandbox = {
+        "coupled": {"provisioning": "eager"},
+        "decoupled": {"provisioning": "lazy"},
+        "decoupled+pool": {"provisioning": "lazy", "warm_pool": plan.warm_pool},
+    }
+    environments = {}
+    for mode in MODES:
+        body = {"name": f"ttft {mode}", "config": {"type": "cloud", "sandbox": sandbox[mode]}}
+        environments[mode] = (await api.post("/v1/environments", body))["id"]
+    background_env = (
+        await api.post(
+            "/v1/environments",
+            {"name": "ttft background", "config": {"type": "cloud", "sandbox": {"provisioning": "lazy"}}},
+        )
+    )["id"]
+    run = Run(plan, api, repo, model_url, agent, environments, cpu_snapshot)
+    helpers = [
+        asyncio.create_task(c)
+        for c in (run.sample_system(), run.probe_model(), run.watch_loop_lag(), run.progress())
+    ]
+    try:
+        await run.start_background(background_agent, background_env)
+        keeper = asyncio.create_task(run.keep_background_running())
+        helpers.append(keeper)
+        pool_ready = await asyncio.to_thread(pool_count, environments["decoupled+pool"])
+        say(f"warm pool of decoupled+pool: {pool_ready} of {plan.warm_pool} ready")
+        compare = run.compare_schedule()
+        say(
+            f"phase 1: {len(compare)} sessions ({plan.warmup} warm-up + {plan.per_mode} per mode), Poisson arrivals "
+            f"at {plan.rate:g}/s (the last at {compare[-1].arrival_s:.0f} s), modes round-robin"
+        )
+        await run.measure("compare", compare)
+        if plan.platform_sessions:
+            platform = run.platform_schedule()
+            say(
+                f"phase 2: {len(platform)} decoupled sessions at {plan.platform_rate:g}/s with the background "
+                "running, for the platform's share"
+            )
+            await run.measure("platform", platform)
+    finally:
+        run.stopping.set()
+        for task in helpers:
+            task.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
+        say(
+            f"archiving {len(run.background_ids)} background sessions (their containers go with the deployment's)"
+        )
+        archive = [api.post(f"/v1/sessions/{x}/archive", {}) for x in run.background_ids]
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*archive, return_exceptions=True), 60)
+        await api.http.aclose()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        if interrupted:
+            raise SystemExit("bench/ttft: interrupted")
+    return run
+
+
+def pool_count(environment_id: str) -> int:
+    from sandboxes.models import Sandbox
+
+    return Sandbox.objects.filter(environment_id=environment_id, session__isnull=True, status="ready").count()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: ~20 sessions per mode, 10 in background"
+    )
+    parser.add_argument("--per-mode", type=int, help="measured sessions per mode (default 200)")
+    parser.add_argument("--rate", type=float, help="mean arrivals per second over all modes (default 0.5)")
+    parser.add_argument(
+        "--background", type=int, help="sessions kept running besides the measured (default 50)"
+    )
+    parser.add_argument("--platform-sessions", type=int, help="phase 2's decoupled sessions (default 100)")
+    parser.add_argument("--seed", type=int, help="seed of the arrivals and of the repository")
+    parser.add_argument("--note", default="", help="a remark saved with the results")
+    parser.add_argument("--logs", type=Path, help="copy the processes' logs into this folder at the end")
+    parser.add_argument("--replot", action="store_true", help="only redraw the PNG from the saved JSON")
+    args = parser.parse_args(argv)
+    if args.replot:
+        return replot(RESULTS / ("ttft-quick.json" if args.quick else "ttft.json"))
+    plan = QUICK if args.quick else DEFAULT
+    overrides = {
+        k: v
+        for k, v in (
+            ("per_mode", args.per_mode),
+            ("rate", args.rate),
+            ("background", args.background),
+            ("platform_sessions", args.platform_sessions),
+            ("seed", args.seed),
+        )
+        if v is not None
+    }
+    plan = Plan(**{**asdict(plan), **overrides})
+    stem = "ttft-quick" if args.quick else "ttft"
+    began = time.monotonic()
+    deployment = f"bench-ttft-{secrets.token_hex(4)}"
+
+    with contextlib.ExitStack() as stack:
+        folder = Path(tempfile.mkdtemp(prefix="workbench-bench-ttft."))
+        folder.chmod(0o755)
+        stack.callback(shutil.rmtree, folder, True)
+        say(f"building the repository ({plan.files} files, {plan.commits + 1} commits) in {folder}")
+        repo = build_repository(folder / "git", files=plan.files, commits=plan.commits, seed=plan.seed)
+        git_port = free_port()
+        say(
+            f"  {repo['files']} files, {repo['tree_mb']} MB of tree, pack {repo['pack_mb']} MB, head "
+            f"{repo['head'][:12]}; serving it with git daemon on 127.0.0.1:{git_port}"
+        )
+        repo["url"] = f"git://127.0.0.1:{git_port}/repo.git"
+
+        say("starting PostgreSQL (default durability) and Redis")
+        (folder / "pg").mkdir()
+        (folder / "pg").chmod(0o755)
+        database_url = stack.enter_context(local_postgres(folder / "pg", max_connections=600))
+        redis_url = stack.enter_context(local_redis(folder))
+        os.environ["WORKBENCH_DEPLOYMENT"] = deployment
+        setup_django(database_url, redis_url)
+        logging.getLogger().setLevel(logging.WARNING)
+        from django.core.management import call_command
+        from django.db import connections
+
+        call_command("migrate", verbosity=0)
+        key = create_api_key()
+        machine = machine_info()
+        machine["docker"] = subprocess.run(
+            ["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True
+        ).stdout.strip()
+        machine["git"] = subprocess.run(["git", "--version"], capture_output=True, text=True).stdout.strip()
+
+        from harness.offline_model.testing import start_offline_model
+
+        model = start_offline_model(ttft_ms=plan.model_ttft_ms, tps=plan.model_tps, in_subprocess=True)
+        stack.callback(model.stop)
+        env = dict(
+            os.environ,
+            DATABASE_URL=database_url,
+            REDIS_URL=redis_url,
+            ANTHROPIC_BASE_URL=model.base_url,
+            ANTHROPIC_API_KEY="",
+            WORKBENCH_DEPLOYMENT=deployment,
+            LOG_LEVEL="WARNING",
+            DJANGO_SETTINGS_MODULE="workbench.settings",
+            PYTHONPATH=str(ROOT),
+            PYTHONUNBUFFERED="1",
+        )
+        processes = Processes(folder, env)
+        # Unwound in reverse: stop the processes (no more sandboxes made), then remove what is left.
+        stack.callback(
+            lambda: say(f"removed {remove_containers(deployment)} leftover containers of {deployment}")
+        )
+        if args.logs:
+            stack.callback(
+                lambda: shutil.copytree(
+                    folder, args.logs, dirs_exist_ok=True, ignore=shutil.ignore_patterns("pg", "git")
+                )
+            )
+        stack.callback(processes.stop)
+        processes.start(
+            "git-daemon",
+            [
+                "git",
+                "daemon",
+                "--reuseaddr",
+                f"--base-path={folder / 'git'}",
+                "--export-all",
+                "--listen=127.0.0.1",
+                f"--port={git_port}",
+                "--max-connections=128",
+                str(folder / "git"),
+            ],
+        )
+        web_port = free_port()
+        processes.start(
+            "daphne",
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(web_port),
+                "workbench.asgi:application",
+            ],
+        )
+        for n in range(plan.workers):
+            processes.start(
+                f"worker-{n}",
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "workbench",
+                    "worker",
+                    "--pool",
+                    "threads",
+                    "--concurrency",
+                    str(plan.threads),
+                    "--hostname",
+                    f"ttft-{n}@%h",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                    "-l",
+                    "WARNING",
+                ],
+            )
+        processes.start(
+            "beat",
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workbench",
+                "beat",
+                "-s",
+                str(folder / "beat-schedule"),
+                "-l",
+                "WARNING",
+            ],
+        )
+        base_url = f"http://127.0.0.1:{web_port}"
+        import httpx
+
+        def web_up() -> bool:
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200
+            return False
+
+        wait_until(web_up, 60, "Daphne", processes)
+        wait_until(
+            lambda: subprocess.run(["git", "ls-remote", repo["url"]], capture_output=True).returncode == 0,
+            30,
+            "git daemon",
+            processes,
+        )
+        say(
+            f"Daphne at {base_url}; {plan.workers} Celery workers x {plan.threads} threads; beat; offline model at "
+            f"{model.base_url} (TTFT {plan.model_ttft_ms:g} ms, {plan.model_tps:g} tokens/s); deployment "
+            f"{deployment}; {machine['nproc']} CPUs, load {machine['load_average_at_start'][0]}"
+        )
+        connections.close_all()
+        groups = {
+            "web (Daphne)": processes.pids("daphne"),
+            "workers (Celery)": processes.pids("worker-"),
+            "beat": processes.pids("beat"),
+            "git daemon": processes.pids("git-daemon"),
+        }
+        singles = {
+            "offline model": child_pid("harness.offline_model"),
+            "redis": int((folder / "redis.pid").read_text()),
+        }
+        postmaster = int((folder / "pg" / "pg" / "postmaster.pid").read_text().split()[0])
+
+        def cpu_snapshot() -> dict[str, float]:
+            return process_cpu(groups, singles, postmaster)
+
+        run = asyncio.run(drive(plan, base_url, key, repo, model.base_url, cpu_snapshot))
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # asyncio put back the default
+        processes.check()
+        machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        connections.close_all()
+
+    samples = run.samples
+    rows = summarise(samples, plan)
+    platform = summarise_platform(samples, plan)
+    phases = {phase.name: phase for phase in run.phases}
+    goals = targets(rows, platform, phases)
+    failures = [
+        {"phase": x.phase, "index": x.index, "mode": x.mode, "errors": x.errors} for x in samples if x.errors
+    ]
+    report = table(rows, platform, goals, plan, phases)
+    report += (
+        f"\nfailed sessions: {len(failures)}; background turns sent: {run.background_turns}; "
+        f"machine: {machine['nproc']} CPUs, load average {machine['load_average_at_start']} at the start"
+    )
+    say("")
+    say(report)
+    met = sum(g["met"] for g in goals)
+    say("")
+    say(
+        f"targets met: {met} of {len(goals)}"
+        + ("" if met == len(goals) else " (a benchmark reports; exit status stays 0)")
+    )
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    json_path = RESULTS / f"{stem}.json"
+    previous = previous_run(json_path)
+    if previous:
+        say(f"the previous run ({previous['date']}), p50 / p95 ms then -> now:")
+        for r in [*rows, {**platform, "mode": "phase 2"}]:
+            then = previous["modes"].get(r["mode"], {})
+            say(
+                f"  {r['mode']:<16}{ms(then.get('p50_ms'))} / {ms(then.get('p95_ms'))} -> {ms(r['p50_ms'])} / "
+                f"{ms(r['p95_ms'])}"
+            )
+    result = {
+        "benchmark": "ttft",
+        "quick": args.quick,
+        "note": args.note,
+        "machine": machine,
+        "plan": asdict(plan),
+        "settings": {
+            "model": {
+                "ttft_ms": plan.model_ttft_ms,
+                "tokens_per_second": plan.model_tps,
+                "server": "harness.offline_model in its own process",
+            },
+            "arrivals": f"phase 1: Poisson, mean {plan.rate:g}/s over all modes, modes round-robin, seed {plan.seed}; "
+            f"phase 2: Poisson, mean {plan.platform_rate:g}/s, decoupled only",
+            "web": "1 Daphne process",
+            "workers": f"{plan.workers} Celery worker processes, --pool threads --concurrency {plan.threads}, "
+            "prefetch multiplier 1",
+            "beat": "Celery beat: sweep every SWEEP_SECONDS=2, reap every REAP_SECONDS=30, maintain_pools every 60 s",
+            "postgresql": "own cluster, fsync/synchronous_commit on, max_connections 600, shared_buffers 256MB",
+            "environments": {
+                "coupled": {"provisioning": "eager"},
+                "decoupled": {"provisioning": "lazy"},
+                "decoupled+pool": {"provisioning": "lazy", "warm_pool": plan.warm_pool},
+            },
+            "sandbox": "docker, workbench-sandbox:latest, 1 CPU, 512 MB, no network (environment defaults)",
+            "user_message": USER_MESSAGE,
+            "tool_message": TOOL_MESSAGE,
+            "background": {
+                "sessions": plan.background,
+                "message": run.background_message(),
+                "first_message": run.background_message(first=True),
+                "context": {"type": "window", "last_events": 60},
+                "environment": {"provisioning": "lazy"},
+            },
+            "repository": repo,
+            "deployment": deployment,
+        },
+        "seconds": round(time.monotonic() - began, 1),
+        "summary": rows,
+        "platform": platform,
+        "targets": goals,
+        "phases": {name: phase.summary() for name, phase in phases.items()},
+        "background": {"turns_sent": run.background_turns, "send_errors": run.background_errors},
+        "failures": failures,
+        "previous": previous,
+        "samples": [asdict(x) for x in samples],
+        "timeline": run.timeline,
+        "table": report,
+    }
+    json_path.write_text(json.dumps(result, indent=1) + "\n")
+    plot(
+        RESULTS / f"{stem}.png",
+        samples,
+        rows,
+        platform,
+        plan,
+        run.timeline,
+        plot_title(plan, repo, machine),
+    )
+    say(f"wrote {json_path.relative_to(ROOT)} and {stem}.png ({result['seconds']:.0f} s)")
+    return 0
+
+
+def replot(path: Path) -> int:
+    data = json.loads(path.read_text())
+    plan = Plan(**data["plan"])
+    samples = [Sample(**x) for x in data["samples"]]
+    plot(
+        path.with_suffix(".png"),
+        samples,
+        data["summary"],
+        data["platform"],
+        plan,
+        [tuple(x) for x in data["timeline"]],
+        plot_title(plan, data["settings"]["repository"], data["machine"]),
+    )
+    say(f"redrew {path.with_suffix('.png').relative_to(ROOT)}")
+    return 0
+
+
+def plot_title(plan: Plan, repo: dict[str, Any], machine: dict[str, Any]) -> str:
+    return (
+        f"bench/ttft on {machine['nproc']} CPUs: {plan.per_mode} sessions per mode at {plan.rate:g}/s, then "
+        f"{plan.platform_sessions} decoupled; {plan.background} background sessions running; repository "
+        f"{repo['files']} files / {repo['tree_mb']} MB; model TTFT {plan.model_ttft_ms:g} ms; {machine['date']}"
+    )
+
+
+def previous_run(path: Path) -> dict[str, Any] | None:
+    """The figures of the run this one replaces, to show how far a second run reproduces them."""
+    try:
+        old = json.loads(path.read_text())
+        keep = ("n", "p50_ms", "p95_ms", "p99_ms", "platform_p50_ms", "p50_reduction", "p95_reduction")
+        modes = {r["mode"]: {k: r.get(k) for k in keep} for r in old["summary"]}
+        if old.get("platform"):
+            modes["phase 2"] = {k: old["platform"].get(k) for k in keep}
+        return {"date": old["machine"]["date"], "plan": old["plan"], "modes": modes}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+if __name__ == "__main__":
+    # Stop on SIGTERM as on Ctrl-C, so the private services, processes and containers are removed.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    sys.exit(main())

@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -31,13 +32,55 @@ class LeaseLost(Exception):
     """Another brain holds the session now: stop at once and never retry the write."""
 
 
+class _KnownLogs:
+    """The logs this process's brains have read, kept between wakes so a wake reads only what is new.
+
+    The log is append-only and each seq is written once, so a prefix read earlier stays true: the next
+    brain on the session takes the prefix with its fold and reads the events after it. A brain takes its
+    session's entry out while it works, so two brains in one process never share one. Bounded by events.
+    """
+
+    def __init__(self, max_events: int = 50_000):
+        self.max_events = max_events
+        self._logs: OrderedDict[str, tuple[list[Event], SessionState]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def take(self, session_id: str) -> tuple[list[Event], SessionState]:
+        with self._lock:
+            known = self._logs.pop(session_id, None)
+        if known is None:
+            events = get_events(session_id)
+            return events, fold(events)
+        events, state = known
+        new = events_after(session_id, state.last_seq, limit=None)
+        events.extend(new)
+        fold(new, state)
+        return events, state
+
+    def keep(self, session_id: str, events: list[Event], state: SessionState) -> None:
+        if len(events) > self.max_events:
+            return
+        with self._lock:
+            self._logs[session_id] = (events, state)
+            total = sum(len(e) for e, _ in self._logs.values())
+            while total > self.max_events:
+                _, (dropped, _) = self._logs.popitem(last=False)
+                total -= len(dropped)
+
+    def forget(self, session_id: str) -> None:
+        with self._lock:
+            self._logs.pop(session_id, None)
+
+
+known_logs = _KnownLogs()
+
+
 class Brain:
     def __init__(self, lease: Lease):
         self.lease = lease
         self.session_id = lease.session_id
-        self.events: list[Event] = get_events(self.session_id)
-        self.state: SessionState = fold(self.events)
-        self.provisioning: str | None = None  # the environment's lazy/eager mode, read once per brain
+        self.events, self.state = known_logs.take(self.session_id)
+        self.provisioning: str | None = None  # the environment's lazy/eager mode, set by harness_for
         self.interrupted = threading.Event()
         self.lost = threading.Event()
         self._cancel_hook: Callable[[], None] | None = None
@@ -74,7 +117,7 @@ class Brain:
 
     def refresh(self) -> None:
         """Fold in whatever was appended since (by users, or by services on the brain's behalf)."""
-        new = events_after(self.session_id, self.state.last_seq, limit=10_000)
+        new = events_after(self.session_id, self.state.last_seq, limit=None)
         self.events.extend(new)
         fold(new, self.state)
 
@@ -134,7 +177,7 @@ def worker_name() -> str:
 
 def run_brain(session_id: str, *, by: str = "event") -> str:
     """Work the session until it has nothing to do. Returns what happened, for logs and tests."""
-    from harness.harnesses import harness_for
+    from harness.harnesses import harness_for, pending
 
     for _ in range(5):
         lease = lease_acquire(session_id, owner=worker_name(), seconds=settings.LEASE_SECONDS)
@@ -166,7 +209,9 @@ def run_brain(session_id: str, *, by: str = "event") -> str:
             brain.close()
             lease_release(lease, clean=clean)
         # Work that arrived while the lease was held found it busy: look once more now that it is free.
-        if not has_pending_work(session_id):
+        brain.refresh()
+        known_logs.keep(session_id, brain.events, brain.state)
+        if not pending(brain.state):
             return "idle"
     return "idle"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -75,18 +76,17 @@ def stream_response(
 ) -> Response:
     """Stream one Messages request. Text deltas go to `on_text(block_index, fragment)` as they arrive.
 
-    `register_cancel` receives a function that aborts the stream from another thread.
+    `register_cancel` receives a function that aborts the stream from another thread. The SDK's raw
+    event stream is folded here rather than by its `messages.stream()` helper, which rebuilds a snapshot
+    of the whole message on every event: the harness needs the blocks only once, at the end.
     """
-    response = Response()
     try:
-        with client().messages.stream(**request) as stream:
-            register_cancel(stream.close)
+        stream = client().messages.create(**request, stream=True)
+        register_cancel(stream.close)
+        with stream:
             if cancelled.is_set():
                 raise Cancelled()
-            for event in stream:
-                if event.type == "content_block_delta" and event.delta.type == "text_delta":
-                    on_text(event.index, event.delta.text)
-            message = stream.get_final_message()
+            response = _fold_stream(stream, on_text)
     except Cancelled:
         raise
     except Exception as error:  # noqa: BLE001 - every failure of the call is classified for the log
@@ -95,19 +95,65 @@ def stream_response(
         raise _classify(error) from error
     finally:
         register_cancel(None)
-    for block in message.content:
-        if block.type == "text":
-            response.blocks.append({"type": "text", "text": block.text})
-        elif block.type == "thinking":
-            response.blocks.append({"type": "thinking", "thinking": block.thinking, "signature": block.signature})
-        elif block.type == "tool_use":
-            response.blocks.append({"type": "tool_use", "name": block.name, "input": block.input})
-    response.stop_reason = message.stop_reason
-    usage = message.usage
-    response.usage = {
-        "input_tokens": usage.input_tokens or 0,
-        "output_tokens": usage.output_tokens or 0,
-        "cache_creation_input_tokens": usage.cache_creation_input_tokens or 0,
-        "cache_read_input_tokens": usage.cache_read_input_tokens or 0,
-    }
     return response
+
+
+def _fold_stream(stream: Any, on_text: Callable[[int, str], None]) -> Response:
+    """The message the raw stream events describe: its blocks in order, stop reason and usage."""
+    blocks: dict[int, dict[str, Any]] = {}
+    json_parts: dict[int, list[str]] = {}
+    response = Response()
+    usage: dict[str, int] = {}
+    for event in stream:
+        kind = event.type
+        if kind == "content_block_delta":
+            delta, index = event.delta, event.index
+            if delta.type == "text_delta":
+                blocks[index]["text"] += delta.text
+                on_text(index, delta.text)
+            elif delta.type == "input_json_delta":
+                json_parts[index].append(delta.partial_json)
+            elif delta.type == "thinking_delta":
+                blocks[index]["thinking"] += delta.thinking
+            elif delta.type == "signature_delta":
+                blocks[index]["signature"] += delta.signature
+        elif kind == "content_block_start":
+            block = event.content_block
+            if block.type == "text":
+                blocks[event.index] = {"type": "text", "text": block.text}
+            elif block.type == "thinking":
+                blocks[event.index] = {"type": "thinking", "thinking": block.thinking,
+                                       "signature": block.signature or ""}
+            elif block.type == "tool_use":
+                blocks[event.index] = {"type": "tool_use", "name": block.name, "input": block.input or {}}
+                json_parts[event.index] = []
+            else:
+                blocks[event.index] = {"type": "other"}  # e.g. redacted thinking: not replayed to the model
+        elif kind == "message_start":
+            _add_usage(usage, event.message.usage)
+        elif kind == "message_delta":
+            response.stop_reason = event.delta.stop_reason or response.stop_reason
+            _add_usage(usage, event.usage)
+    if response.stop_reason is None:
+        raise ModelError("model_request_failed_error", "The model's stream ended before the message did.")
+    for index, parts in json_parts.items():
+        if parts and "".join(parts).strip():
+            try:
+                blocks[index]["input"] = json.loads("".join(parts))
+            except ValueError:
+                raise ModelError("model_request_failed_error",
+                                 "The model's stream carried a tool input that is not valid JSON.") from None
+    response.blocks = [blocks[i] for i in sorted(blocks) if blocks[i]["type"] != "other"]
+    response.usage = {key: usage.get(key, 0) for key in
+                      ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")}
+    return response
+
+
+def _add_usage(usage: dict[str, int], reported: Any) -> None:
+    """Usage as the stream reports it: message_delta's counts are cumulative, so a later value replaces."""
+    if reported is None:
+        return
+    for key in ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"):
+        value = getattr(reported, key, None)
+        if value is not None:
+            usage[key] = value

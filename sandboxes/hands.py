@@ -40,9 +40,10 @@ def _log(session_id: str) -> Emit:
     return lambda event: emit_event(session_id, event)
 
 
-def provisioning_mode(environment: Environment) -> str:
-    """"lazy" (the first tool call provisions) or "eager" (the turn provisions before its first model call)."""
-    return (environment.config.get("sandbox") or {}).get("provisioning") or settings.SANDBOX_PROVISIONING
+def provisioning_mode(config: dict[str, Any]) -> str:
+    """"lazy" (the first tool call provisions) or "eager" (the turn provisions before its first model call),
+    from an environment's config."""
+    return (config.get("sandbox") or {}).get("provisioning") or settings.SANDBOX_PROVISIONING
 
 
 def provider_name(environment: Environment) -> str:

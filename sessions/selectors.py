@@ -56,8 +56,8 @@ def get_events(
     return found
 
 
-def events_after(session_id: str, after_seq: int, *, limit: int) -> list[Event]:
-    """Up to `limit` events with seq greater than `after_seq`, in order: how live readers catch up."""
+def events_after(session_id: str, after_seq: int, *, limit: int | None) -> list[Event]:
+    """Up to `limit` (None: all) events with seq greater than `after_seq`, in order: how live readers catch up."""
     return list(Event.objects.filter(session_id=session_id, seq__gt=after_seq).order_by("seq")[:limit])
 
 

@@ -17,10 +17,16 @@ assert set(HARNESSES) == set(HARNESS_DESCRIPTIONS), "every harness needs a descr
 
 
 def harness_for(brain: Brain) -> Harness:
-    """The session's harness: the last `brain.harness_switched` in its log, else the agent's own."""
+    """The session's harness: the last `brain.harness_switched` in its log, else the agent's own.
+
+    The environment's provisioning mode is read in the same query, for the brain's eager hand.
+    """
+    from sandboxes.hands import provisioning_mode
     from sessions.models import Session
 
-    agent = Session.objects.values_list("agent_snapshot", flat=True).get(id=brain.session_id)
+    agent, environment = Session.objects.values_list("agent_snapshot", "environment__config").get(
+        id=brain.session_id)
+    brain.provisioning = provisioning_mode(environment or {})
     name = brain.state.harness or agent.get("harness") or "claude"
     return HARNESSES[name](agent)
 

@@ -26,12 +26,9 @@ def _running(brain: Brain) -> None:
 
 def _ensure_hand(brain: Brain) -> None:
     """Coupled ("eager") mode: the session's sandbox, with its repositories, exists before a model call."""
-    from sandboxes.hands import held, provisioning_mode, sandbox_provision
-    from sandboxes.models import Environment
+    from sandboxes.hands import held, sandbox_provision
     from sandboxes.providers import SandboxError
 
-    if brain.provisioning is None:
-        brain.provisioning = provisioning_mode(Environment.objects.get(sessions__id=brain.session_id))
     if brain.provisioning == "eager" and not held(brain.session_id):
         _running(brain)
         # A failure is recorded as sandbox.failed; the turn goes on and a tool call will say so.

@@ -116,6 +116,9 @@ def request_problem(body: Any) -> str | None:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes; with Nagle's algorithm the body would wait for the
+    # client's delayed ACK of the headers (~40 ms on Linux) whenever both are small.
+    disable_nagle_algorithm = True
     server: OfflineModelServer
     _sent_status = _CLIENT_CLOSED_REQUEST
 
@@ -234,12 +237,20 @@ class _Handler(BaseHTTPRequestHandler):
     def _stream(
         self, events: Iterable[Event], content_at: float, tps: float, *, last_chunk: bytes = b"0\r\n\r\n"
     ) -> None:
-        """Write the events as HTTP chunks, each no earlier than its deadline.
+        """Write the events, each no earlier than its deadline.
 
-        Events that are already due are batched into one write: at unlimited speed a long answer
-        costs a few system calls instead of one per word, and the client sees the same bytes.
+        Events that are already due go out together as one HTTP chunk, as a real server's buffered
+        writes do: at unlimited speed a long answer costs a few system calls and chunks instead of one
+        per word, and the client's SSE parser sees the same events.
         """
         pending = bytearray()
+
+        def flush(end: bytes = b"") -> None:
+            data = (b"%x\r\n%s\r\n" % (len(pending), pending) if pending else b"") + end
+            if data:
+                self.wfile.write(data)
+            pending.clear()
+
         tokens = 0
         for event in events:
             deadline = content_at if event.name not in ("message_start", "ping") else 0.0
@@ -247,15 +258,12 @@ class _Handler(BaseHTTPRequestHandler):
                 deadline += tokens / tps if tps else 0.0
                 tokens += 1
             if deadline > time.monotonic():
-                self.wfile.write(pending)
-                pending.clear()
+                flush()
                 self._wait_until(deadline)
-            data = event.encode()
-            pending += b"%x\r\n%s\r\n" % (len(data), data)
+            pending += event.encode()
             if len(pending) >= _WRITE_BATCH_BYTES:
-                self.wfile.write(pending)
-                pending.clear()
-        self.wfile.write(pending + last_chunk)
+                flush()
+        flush(last_chunk)
 
     def _wait_until(self, deadline: float) -> None:
         """Sleep until the deadline, but give up as soon as the client hangs up or the server stops."""

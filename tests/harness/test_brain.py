@@ -122,3 +122,36 @@ def test_compaction_summarises_older_events_and_keeps_them(model_url):
     assert compacted and compacted[0].payload["summary"].startswith("You said: Summarise")
     assert [e.payload["content"][0]["text"] for e in events if e.type == "user.message"] == [
         f"message {i}" for i in range(4)]
+
+
+def test_a_later_wake_reads_only_new_events_and_folds_the_same_state_as_a_fresh_read(model_url):
+    from harness.brain import known_logs
+    from harness.fold import fold
+    from sessions.services import emit_event
+
+    session_id = session_with()
+    say(session_id, "first")
+    assert run_brain(session_id) == "idle"
+    # Appended behind the brain's back (another process would do the same): the next wake must see it.
+    emit_event(session_id, {"type": "system.message", "content": [{"type": "text", "text": "a note"}]})
+    say(session_id, "second")
+    reads: list[str] = []
+    from django.db import connection
+
+    def note(execute, sql, params, many, context):
+        if 'FROM "agent_sessions_event"' in sql:
+            reads.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(note):
+        assert run_brain(session_id) == "idle"
+    # Every read of the log this wake asked for events after a seq it knew; none read the log from the start.
+    assert reads and all('"seq" >' in sql for sql in reads), reads
+    events, state = known_logs.take(session_id)
+    fresh = fold(log(session_id))
+    assert [e.seq for e in events] == list(range(len(log(session_id))))
+    for name in ("status", "last_seq", "consumed_through", "idle_through", "harness", "usage"):
+        assert getattr(state, name) == getattr(fresh, name), name
+    assert [e.payload for e in events] == [e.payload for e in log(session_id)]
+    [note] = [e for e in events if e.type == "system.message"]
+    assert state.consumed_through > note.seq  # the second turn's model request saw it

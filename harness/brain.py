@@ -7,16 +7,18 @@ is written back with its epoch, so a crash at any point leaves a log the next br
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 from harness.fold import SessionState, fold
 from harness.lease import Lease, lease_acquire, lease_release, lease_renew
@@ -85,9 +87,8 @@ class Brain:
         self.lost = threading.Event()
         self._cancel_hook: Callable[[], None] | None = None
         self._cancel_floor = self.state.last_seq
-        self._stop = threading.Event()
-        self._watcher = threading.Thread(target=self._watch, name=f"brain-{self.session_id}", daemon=True)
-        self._watcher.start()
+        self._renew_at = time.monotonic() + settings.LEASE_SECONDS / 3
+        _watcher().add(self)
 
     @property
     def epoch(self) -> int:
@@ -121,7 +122,7 @@ class Brain:
         self.events.extend(new)
         fold(new, self.state)
 
-    # -- interrupts and the lease, watched from a thread
+    # -- interrupts and the lease, watched by the process's watcher thread
 
     def begin_cancellable(self, hook: Callable[[], None] | None = None) -> None:
         self.interrupted.clear()
@@ -136,28 +137,6 @@ class Brain:
     def cancelled(self) -> bool:
         return self.interrupted.is_set() or self.lost.is_set()
 
-    def _watch(self) -> None:
-        renew_every = settings.LEASE_SECONDS / 3
-        since_renew = 0.0
-        poll = settings.INTERRUPT_POLL_SECONDS
-        try:
-            while not self._stop.wait(poll):
-                since_renew += poll
-                if since_renew >= renew_every:
-                    since_renew = 0.0
-                    if not lease_renew(self.lease, seconds=settings.LEASE_SECONDS):
-                        self.lost.set()
-                        self._fire()
-                        return
-                if not self.interrupted.is_set() and Event.objects.filter(
-                        session_id=self.session_id, seq__gt=self._cancel_floor, type="user.interrupt").exists():
-                    self.interrupted.set()
-                    self._fire()
-        except Exception:  # noqa: BLE001 - a watcher failure must not kill the brain; the lease then lapses
-            logger.exception("brain watcher for %s failed", self.session_id)
-        finally:
-            close_old_connections()
-
     def _fire(self) -> None:
         hook = self._cancel_hook
         if hook is not None:
@@ -167,8 +146,91 @@ class Brain:
                 logger.debug("cancel hook raised", exc_info=True)
 
     def close(self) -> None:
-        self._stop.set()
-        self._watcher.join(2)
+        _watcher().remove(self)
+
+
+class _Watcher:
+    """One thread per process watches every brain it runs: it renews their leases and looks for interrupts.
+
+    Each tick asks the database once for all of them (which sessions got a user.interrupt after the seq
+    their brain's current call began at), so a worker running many sessions polls at one rate, not one per
+    brain, and a wake starts no thread and opens no connection of its own.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._brains: set[Brain] = set()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="brain-watcher", daemon=True)
+        self._thread.start()
+
+    def add(self, brain: Brain) -> None:
+        with self._lock:
+            self._brains.add(brain)
+
+    def remove(self, brain: Brain) -> None:
+        with self._lock:
+            self._brains.discard(brain)
+
+    def alive(self) -> bool:
+        return self.pid == os.getpid() and self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(settings.INTERRUPT_POLL_SECONDS)
+            with self._lock:
+                brains = list(self._brains)
+            if not brains:
+                close_old_connections()
+                continue
+            try:
+                self._tick(brains)
+            except Exception:  # noqa: BLE001 - one bad tick must not stop the watching; leases lapse if it lasts
+                logger.exception("the brain watcher's tick failed")
+                close_old_connections()
+
+    def _tick(self, brains: list[Brain]) -> None:
+        now = time.monotonic()
+        for brain in brains:
+            if now >= brain._renew_at and not brain.lost.is_set():
+                brain._renew_at = now + settings.LEASE_SECONDS / 3
+                if not lease_renew(brain.lease, seconds=settings.LEASE_SECONDS):
+                    brain.lost.set()
+                    brain._fire()
+        asking = [brain for brain in brains if not brain.interrupted.is_set() and not brain.lost.is_set()]
+        if not asking:
+            return
+        for session_id in _interrupted(asking):
+            for brain in asking:
+                if brain.session_id == session_id:
+                    brain.interrupted.set()
+                    brain._fire()
+
+
+def _interrupted(brains: list[Brain]) -> set[str]:
+    """The sessions among these brains' that got a user.interrupt after their current call began."""
+    floors = ", ".join(["(CAST(%s AS TEXT), CAST(%s AS BIGINT))"] * len(brains))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH floors(session_id, seq) AS (VALUES {floors}) "
+            f"SELECT DISTINCT e.session_id FROM {Event._meta.db_table} e JOIN floors f "
+            "ON e.session_id = f.session_id AND e.seq > f.seq WHERE e.type = 'user.interrupt'",
+            [value for brain in brains for value in (brain.session_id, brain._cancel_floor)],
+        )
+        return {row[0] for row in cursor.fetchall()}
+
+
+_watcher_lock = threading.Lock()
+_watcher_instance: _Watcher | None = None
+
+
+def _watcher() -> _Watcher:
+    global _watcher_instance
+    if _watcher_instance is None or not _watcher_instance.alive():
+        with _watcher_lock:
+            if _watcher_instance is None or not _watcher_instance.alive():
+                _watcher_instance = _Watcher()
+    return _watcher_instance
 
 
 def worker_name() -> str:
@@ -193,15 +255,11 @@ def run_brain(session_id: str, *, by: str = "event") -> str:
                     brain.emit({"type": "brain.recovered", "woken_by": by, "epoch": lease.epoch,
                                 "unfinished_wakes": lease.attempts - 1})
                 harness = harness_for(brain)
-                while True:
-                    brain.refresh()
-                    step = harness.next_step(brain.state, brain)
-                    if step is None:
-                        break
-                    try:
+                while (step := harness.next_step(brain.state, brain)) is not None:
+                    # A Cancelled step leaves the interrupt in the log; the harness handles it next.
+                    with contextlib.suppress(Cancelled):
                         step.run(brain)
-                    except Cancelled:
-                        continue  # the fold now shows the interrupt; the harness handles it next
+                    brain.refresh()  # what users (or services on the brain's behalf) appended meanwhile
             clean = True
         except LeaseLost:
             return "lease lost"

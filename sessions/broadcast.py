@@ -12,6 +12,7 @@ round trip, and messages from one process keep their order.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import queue
 import threading
@@ -92,10 +93,15 @@ class _Publisher:
         client = redis.Redis.from_url(config["hosts"][0])
         while True:
             batch = [self._queue.get()]
-            # Linger a moment so a burst of appends costs one pipeline, not one round trip (and one fight
-            # for the GIL with the appending thread) each.
+            # Take what is already queued; when that shows a burst, linger a moment more so it costs one
+            # pipeline, not one round trip (and one fight for the GIL with the appending thread) each. A
+            # message that arrives alone (the first token of an answer, an event in a quiet session) goes
+            # out at once.
+            with contextlib.suppress(queue.Empty):
+                while len(batch) < 500 and batch[-1] is not None:
+                    batch.append(self._queue.get_nowait())
             deadline = time.monotonic() + LINGER_SECONDS
-            while len(batch) < 500 and None not in batch:
+            while 1 < len(batch) < 500 and None not in batch:
                 try:
                     batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:

@@ -78,8 +78,19 @@ else:
     # them prepared. Behind a transaction-pooling PgBouncer, set DATABASE_PREPARE_THRESHOLD to "".
     _threshold = env("DATABASE_PREPARE_THRESHOLD", default="5")
     DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = int(_threshold) if _threshold else None
-    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
-    DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+    # Under ASGI every request runs on a thread of its own, so Django's persistent connections cannot be
+    # reused and each request would open one: a psycopg pool per process keeps them instead. Size it
+    # above a Celery worker's concurrency; DATABASE_POOL=false falls back to CONN_MAX_AGE.
+    if env.bool("DATABASE_POOL", default=True):
+        DATABASES["default"]["OPTIONS"]["pool"] = {
+            "min_size": env.int("DATABASE_POOL_MIN", default=2),
+            "max_size": env.int("DATABASE_POOL_MAX", default=40),
+            "timeout": env.float("DATABASE_POOL_TIMEOUT", default=30.0),
+        }
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+    else:
+        DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
+        DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -1,5 +1,5 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
 import harness.api as agents
 import sandboxes.api as environments
@@ -33,5 +33,5 @@ urlpatterns = [
     path("v1/<path:rest>", views.api_not_found),
     path("admin/", admin.site.urls),
     path("healthz", views.healthz),
-    path("", views.home, name="home"),
+    path("", include("workbench.ui.urls")),
 ]

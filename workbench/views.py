@@ -1,8 +1,6 @@
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
 
 from workbench.api.endpoint import error_response
 from workbench.api.errors import NotFound
@@ -14,11 +12,3 @@ def api_not_found(request: HttpRequest, rest: str) -> HttpResponse:
 
 def healthz(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ok": True})
-
-
-@login_required
-def home(request: HttpRequest) -> HttpResponse:
-    from sessions.models import Session
-
-    sessions = Session.objects.filter(deleted_at__isnull=True).select_related("environment")[:50]
-    return render(request, "workbench/home.html", {"sessions": sessions})

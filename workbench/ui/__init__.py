@@ -1,0 +1,1 @@
+"""The operators' browser UI: server-rendered pages and the fragments live updates swap in."""

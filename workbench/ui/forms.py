@@ -1,0 +1,177 @@
+"""Forms parse what operators type into the bodies the services take; the services judge the rest."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from harness.registry import HARNESS_DESCRIPTIONS
+
+HARNESS_CHOICES = [(name, f"{name} — {description}") for name, description in HARNESS_DESCRIPTIONS.items()]
+DEFAULT_TOOLS = [{"type": "agent_toolset_20260401"}]
+DEFAULT_ENVIRONMENT = {"type": "cloud", "networking": {"type": "unrestricted"}}
+
+
+class JSONText(forms.CharField):
+    """A textarea holding JSON; a parse error names the line and column."""
+
+    widget = forms.Textarea(attrs={"rows": 6, "spellcheck": "false", "class": "mono"})
+
+    def __init__(self, *, expect: type = object, **kwargs: Any):
+        self.expect = expect
+        super().__init__(**kwargs)
+
+    def prepare_value(self, value: Any) -> Any:
+        return value if isinstance(value, str) or value is None else json.dumps(value, indent=2)
+
+    def to_python(self, value: Any) -> Any:
+        value = super().to_python(value)
+        if value in ("", None):
+            return None
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValidationError(f"This is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}.",
+                                  code="json") from None
+        if self.expect is not object and not isinstance(parsed, self.expect):
+            names: dict[type, str] = {list: "a JSON array […]", dict: "a JSON object {…}"}
+            name = names.get(self.expect, self.expect.__name__)
+            raise ValidationError(f"This must be {name}.", code="json_type")
+        return parsed
+
+
+class StartSessionForm(forms.Form):
+    agent = forms.ChoiceField()
+    environment = forms.ChoiceField()
+    title = forms.CharField(required=False, max_length=500)
+    message = forms.CharField(required=False, strip=False, label="First message (optional)",
+                              widget=forms.Textarea(attrs={"rows": 3, "placeholder": "Say hello, or /bash uname -a"}))
+
+    def __init__(self, *args: Any, agents: list[tuple[str, str]], environments: list[tuple[str, str]], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        cast(forms.ChoiceField, self.fields["agent"]).choices = agents
+        cast(forms.ChoiceField, self.fields["environment"]).choices = environments
+
+    def body(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        body: dict[str, Any] = {"agent": data["agent"], "environment_id": data["environment"]}
+        if data["title"]:
+            body["title"] = data["title"]
+        if data["message"].strip():
+            body["initial_events"] = [{"type": "user.message", "content": [{"type": "text", "text": data["message"]}]}]
+        return body
+
+
+class SendEventForm(forms.Form):
+    """What the composer and the call cards post: one user event."""
+
+    kind = forms.ChoiceField(choices=[(k, k) for k in ("message", "interrupt", "tool_confirmation",
+                                                        "custom_tool_result")])
+    text = forms.CharField(required=False, strip=False)
+    call_id = forms.CharField(required=False)
+    result = forms.ChoiceField(required=False, choices=[("allow", "allow"), ("deny", "deny")])
+    deny_message = forms.CharField(required=False)
+    is_error = forms.BooleanField(required=False)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        kind = data.get("kind")
+        if kind == "message" and not (data.get("text") or "").strip():
+            raise ValidationError("Type a message first.")
+        if kind in ("tool_confirmation", "custom_tool_result") and not data.get("call_id"):
+            raise ValidationError("Which call does this answer? The form lost its call id; reload the page.")
+        if kind == "tool_confirmation" and not data.get("result"):
+            raise ValidationError("Choose allow or deny.")
+        return data
+
+    def event(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        kind = data["kind"]
+        if kind == "message":
+            return {"type": "user.message", "content": [{"type": "text", "text": data["text"]}]}
+        if kind == "interrupt":
+            return {"type": "user.interrupt"}
+        if kind == "tool_confirmation":
+            event = {"type": "user.tool_confirmation", "tool_use_id": data["call_id"], "result": data["result"]}
+            if data["result"] == "deny" and data["deny_message"].strip():
+                event["deny_message"] = data["deny_message"].strip()
+            return event
+        return {"type": "user.custom_tool_result", "custom_tool_use_id": data["call_id"],
+                "content": [{"type": "text", "text": data["text"] or ""}], "is_error": data["is_error"]}
+
+
+class HarnessForm(forms.Form):
+    harness = forms.ChoiceField(choices=[(name, name) for name in HARNESS_DESCRIPTIONS])
+
+
+class ProvisionForm(forms.Form):
+    name = forms.CharField(max_length=64, initial="main")
+
+
+class AttachForm(forms.Form):
+    sandbox = forms.CharField(max_length=40)
+    name = forms.CharField(max_length=64, required=False)
+
+
+class TransferForm(forms.Form):
+    to_session = forms.CharField(max_length=40, label="Pass to session")
+
+
+class ForkForm(forms.Form):
+    at_seq = forms.IntegerField(min_value=0, label="Fork from event")
+    harness = forms.ChoiceField(required=False, choices=[("", "the session's own"),
+                                                         *((name, name) for name in HARNESS_DESCRIPTIONS)])
+    title = forms.CharField(required=False, max_length=500)
+
+
+class AgentForm(forms.Form):
+    name = forms.CharField(max_length=256)
+    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+    model = forms.CharField(max_length=200, initial="claude-sonnet-5-5")
+    system = forms.CharField(required=False, strip=False, label="System prompt",
+                             widget=forms.Textarea(attrs={"rows": 4}))
+    harness = forms.ChoiceField(choices=HARNESS_CHOICES, initial="claude")
+    context = JSONText(expect=dict, required=False, initial={"type": "full"},
+                       help_text='{"type": "full"}, {"type": "window", "last_events": 200} or '
+                                 '{"type": "compaction", "trigger_events": 400, "keep_events": 100}')
+    tools = JSONText(expect=list, required=False, initial=DEFAULT_TOOLS,
+                     help_text="A JSON array of tools; the toolset gives bash, read, write, edit, glob, grep.")
+    mcp_servers = JSONText(expect=list, required=False, initial=[], label="MCP servers")
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> AgentForm:
+        model = config.get("model") or {}
+        return cls(initial={**{key: config.get(key) for key in ("name", "description", "system", "harness",
+                                                                  "context", "tools", "mcp_servers")},
+                            "model": model.get("id") if isinstance(model, dict) else model})
+
+    def body(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        return {"name": data["name"], "description": data["description"] or None, "model": data["model"],
+                "system": data["system"] or None, "harness": data["harness"],
+                "context": data["context"] or {"type": "full"}, "tools": data["tools"] or [],
+                "mcp_servers": data["mcp_servers"] or []}
+
+
+class EnvironmentForm(forms.Form):
+    name = forms.CharField(max_length=255)
+    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+    config = JSONText(expect=dict, initial=DEFAULT_ENVIRONMENT,
+                      help_text='{"type": "cloud", "networking": …, "packages": …, "sandbox": {"provider", "image", '
+                                '"cpus", "memory_mb", "pids", "warm_pool", "idle_ttl_seconds"}}')
+
+    @classmethod
+    def from_environment(cls, environment: Any) -> EnvironmentForm:
+        return cls(initial={"name": environment.name, "description": environment.description,
+                            "config": environment.config})
+
+    def body(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        return {"name": data["name"], "description": data["description"] or None, "config": data["config"]}
+
+
+class ApiKeyForm(forms.Form):
+    name = forms.CharField(max_length=200, label="What is it for?")

@@ -1,0 +1,54 @@
+"""API keys: create (the key is shown once, in the answer to the POST), list, revoke."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from workbench.api.errors import ApiError
+from workbench.models import ApiKey
+from workbench.ui.forms import ApiKeyForm
+from workbench.ui.http import operator_required, redirect_to
+from workbench.ui.services import api_key_create, api_key_revoke
+
+
+def _keys() -> list[ApiKey]:
+    return list(ApiKey.objects.select_related("created_by"))
+
+
+@operator_required
+def key_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "ui/keys/list.html", {"keys": _keys(), "form": ApiKeyForm()})
+
+
+@require_POST
+@operator_required
+def key_create(request: HttpRequest) -> HttpResponse:
+    form = ApiKeyForm(request.POST)
+    context: dict[str, object] = {"form": form}
+    status = 400
+    if form.is_valid():
+        try:
+            key, raw = api_key_create(name=form.cleaned_data["name"], created_by=request.user)
+        except ApiError as error:
+            form.add_error(None, error.message)
+        else:
+            context.update(created=key, raw=raw, form=ApiKeyForm())
+            status = 200
+    response = render(request, "ui/keys/_keys.html", {**context, "keys": _keys()}, status=status)
+    # The raw key is in this answer only: never cache it, never show it again.
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_POST
+@operator_required
+def key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
+    try:
+        api_key_revoke(key_id)
+    except ApiError as error:
+        return render(request, "ui/keys/_keys.html", {"keys": _keys(), "form": ApiKeyForm(), "error": error.message},
+                      status=error.status)
+    return redirect_to(request, reverse("ui:keys"))

@@ -171,10 +171,19 @@ def offline_model() -> Iterator[Any]:
         yield model
 
 
+def _logged_since(path: Path, offset: int, text: bytes) -> bool:
+    with open(path, "rb") as log:
+        log.seek(offset)
+        return text in log.read()
+
+
 @pytest.fixture
 def brain_worker(live_server_url: str, offline_model: Any) -> Iterator[subprocess.Popen[bytes]]:
-    """A real Celery worker (the brains) against the test database, Redis and the offline model."""
-    log = open(ROOT / ".pytest-worker.log", "ab")  # noqa: SIM115 - closed below
+    """A real Celery worker (the brains) against the test database, Redis and the offline model, yielded
+    once it consumes tasks: on a loaded machine its start alone can outlast a test's patience."""
+    path = ROOT / ".pytest-worker.log"
+    log = open(path, "ab")  # noqa: SIM115 - closed below
+    start = log.tell()
     process = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "workbench", "worker", "--pool", "threads", "--concurrency", "4",
          "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"],
@@ -182,6 +191,11 @@ def brain_worker(live_server_url: str, offline_model: Any) -> Iterator[subproces
         stdout=log, stderr=log, start_new_session=True,
     )
     try:
+        deadline = time.monotonic() + 90
+        while not _logged_since(path, start, b" ready."):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Celery worker did not become ready; see {path}")
+            time.sleep(0.1)
         yield process
     finally:
         process.terminate()

@@ -1,0 +1,406 @@
+"""The browser UI's benchmark: opening a long session, and how fast an appended event shows in many pages.
+
+Tail: a staff user opens a 10,000-event session (bulk-inserted) in Chromium, again and again. Measured per
+open, in the page: from the navigation's start (performance.timeOrigin) to the first animation frame in
+which event #9999 is inside the viewport; the server's share (the response's first byte) is kept beside it.
+
+Append-to-visible: 20 pages (one browser, a context each, all logged in) show one live session; the bench process
+appends events with `emit_event` at a steady rate, each stamped with `time.time()` in its payload just
+before the append. A MutationObserver in every page records `Date.now()` when the event's node enters the
+timeline (the socket says the event exists, the page fetches its server-rendered fragment and inserts it).
+Both clocks are this machine's wall clock, so the difference is the latency: the commit, the broadcast,
+the socket, the fragment request and the insertion.
+
+Usage: .venv/bin/python -m bench.ui [--quick] [--pages N] [--rate R] [--seconds S] [--opens N]
+       [--database-url URL] [--redis-url URL]
+
+Without a database URL (or BENCH_DATABASE_URL) it starts its own PostgreSQL and Redis as bench/log.py does,
+and removes them at the end. It starts its own Daphne. It prints a table, writes bench/results/ui.json and
+ui.png (ui-quick.* with --quick), and exits 0 whether or not the targets are met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # so that `python bench/ui.py` works as well as `python -m bench.ui`
+    sys.path.insert(0, str(ROOT))
+
+from bench.log import free_port, machine_info, new_session, percentile, say, services, setup_django  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+CHROMIUM = "/usr/bin/chromium"
+# Background pages must not be throttled: all 20 are "open" at once, as on 20 operators' screens.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic", "--disable-background-timer-throttling",
+                 "--disable-renderer-backgrounding", "--disable-backgrounding-occluded-windows"]
+LONG_SESSION = 10_000
+TAIL_TARGET_MS = 1000.0
+APPEND_P95_TARGET_MS = 150.0
+PASSWORD = "bench-operator-password"
+
+
+@dataclass(frozen=True)
+class Plan:
+    opens: int  # times the 10,000-event session is opened
+    pages: int  # pages watching the live session
+    rate: float  # appended events per second
+    seconds: float  # how long the appends go on
+    warmup: int = 10  # appends before the measured ones (connections, caches, JIT)
+
+
+# A busy agent writes a few events a second (model spans, messages, tool calls and results); the model's
+# text itself streams as previews, which are not events.
+DEFAULT = Plan(opens=20, pages=20, rate=5.0, seconds=30.0)
+QUICK = Plan(opens=5, pages=20, rate=5.0, seconds=8.0, warmup=5)
+
+
+# --- The server -----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def daphne(database_url: str, redis_url: str) -> Iterator[str]:
+    import httpx
+
+    port = free_port()
+    log = open(ROOT / ".bench-ui-daphne.log", "wb")  # noqa: SIM115 - closed below
+    env = dict(os.environ, DATABASE_URL=database_url, REDIS_URL=redis_url, DJANGO_SETTINGS_MODULE="workbench.settings",
+               PYTHONPATH=str(ROOT))
+    process = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                                "workbench.asgi:application"], cwd=ROOT, env=env, stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"bench/ui: Daphne did not start; see {ROOT / '.bench-ui-daphne.log'}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+# --- The data -------------------------------------------------------------------------------------------
+
+
+def operator() -> None:
+    from django.contrib.auth.models import User
+
+    User.objects.filter(username="bench").delete()
+    User.objects.create_user("bench", password=PASSWORD, is_staff=True)
+
+
+def long_session(length: int) -> str:
+    """A session of `length` events, bulk-inserted: messages, and every tenth pair a tool call and its result."""
+    from django.utils import timezone
+
+    from sessions.models import Event, Session
+    from workbench.ids import new_id
+
+    session_id = new_session()
+    start = timezone.now() - timedelta(seconds=length)
+    events = []
+    for seq in range(length):
+        call = f"sevt_bench{session_id[-8:]}{seq - seq % 10 + 3}"
+        if seq % 10 == 3:
+            kind, payload = "agent.tool_use", {"name": "bash", "input": {"command": f"ls -la /workspace/{seq}"},
+                                                "evaluated_permission": "allow"}
+        elif seq % 10 == 4:
+            kind, payload = "agent.tool_result", {"tool_use_id": call, "is_error": False, "content": [
+                {"type": "text", "text": "\n".join(f"line {i} of the output of call {seq - 1}" for i in range(20))}]}
+        else:
+            kind = "user.message" if seq % 2 else "agent.message"
+            payload = {"content": [{"type": "text", "text": f"Event {seq}: a sentence or two of ordinary length, "
+                                                              "like what a model says between tool calls."}]}
+        events.append(Event(uid=call if kind == "agent.tool_use" else new_id("sevt"), session_id=session_id, seq=seq,
+                            type=kind, payload=payload, processed_at=start + timedelta(seconds=seq),
+                            lease_epoch=1 + seq // 2500))
+    Event.objects.bulk_create(events, batch_size=2000)
+    Session.objects.filter(id=session_id).update(next_seq=length)
+    return session_id
+
+
+# --- The browser ----------------------------------------------------------------------------------------
+
+
+TAIL_VISIBLE = """(seq) => {
+  const node = document.getElementById(`seq-${seq}`);
+  if (!node) return false;
+  const box = node.getBoundingClientRect();
+  return box.height > 0 && box.top >= 0 && box.bottom <= innerHeight && performance.now();
+}"""
+
+OBSERVE = """() => {
+  window.benchSeen = {};
+  new MutationObserver((records) => {
+    const now = Date.now();
+    for (const record of records) for (const node of record.addedNodes) {
+      if (node.dataset?.seq !== undefined && !(node.dataset.seq in window.benchSeen)) window.benchSeen[node.dataset.seq] = now;
+    }
+  }).observe(document.getElementById("timeline"), { childList: true });
+}"""
+
+
+def log_in(browser: Any, base: str) -> dict[str, Any]:
+    """Log in once through the login page; the cookies, for every context that plays an operator."""
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(f"{base}/login/")
+    page.fill("#id_username", "bench")
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base}/")
+    state = context.storage_state()
+    context.close()
+    return state
+
+
+@dataclass
+class Open:
+    visible_ms: float  # navigation start → the tail inside the viewport, in the page's clock
+    first_byte_ms: float  # navigation start → the response's first byte (the server's part)
+    wall_ms: float  # the same open timed from this process, around page.goto
+
+
+def measure_opens(context: Any, base: str, session_id: str, opens: int) -> list[Open]:
+    page = context.new_page()
+    page.set_viewport_size({"width": 1280, "height": 860})
+    url = f"{base}/sessions/{session_id}/"
+    results = []
+    for i in range(opens + 1):  # the first open warms the server's caches and is not counted
+        page.goto("about:blank")
+        began = time.perf_counter()
+        page.goto(url, wait_until="commit")
+        visible = page.wait_for_function(TAIL_VISIBLE, arg=LONG_SESSION - 1, polling="raf", timeout=30_000)
+        wall = (time.perf_counter() - began) * 1000
+        first_byte = page.evaluate("performance.getEntriesByType('navigation')[0].responseStart")
+        if i:
+            results.append(Open(visible_ms=float(visible.json_value()), first_byte_ms=float(first_byte), wall_ms=wall))
+            say(f"  open {i}/{opens}: tail visible after {results[-1].visible_ms:.0f} ms "
+                f"(first byte {first_byte:.0f} ms)")
+    page.close()
+    return results
+
+
+def watch(browser: Any, state: dict[str, Any], base: str, session_id: str, pages: int) -> list[Any]:
+    """`pages` operators on one session, each in a context of its own (its own connections and HTTP cache,
+    as separate browsers would have: pages of one context queue on the same fragment URL's cache entry)."""
+    watchers = []
+    for _ in range(pages):
+        page = browser.new_context(storage_state=state).new_page()
+        page.set_viewport_size({"width": 1000, "height": 700})
+        page.goto(f"{base}/sessions/{session_id}/")
+        page.evaluate(OBSERVE)
+        watchers.append(page)
+    for page in watchers:
+        page.wait_for_function("window.workbenchTimeline?.socket?.readyState === 1", timeout=30_000)
+    return watchers
+
+
+def append(session_id: str, plan: Plan) -> dict[int, float]:
+    """Append at a steady rate; the payload stamp (seconds since the epoch) of each seq."""
+    from sessions.services import emit_event
+
+    stamps: dict[int, float] = {}
+    count = plan.warmup + int(plan.rate * plan.seconds)
+    interval = 1 / plan.rate
+    began = time.perf_counter()
+    for i in range(count):
+        wait = began + i * interval - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        stamp = time.time()
+        event = emit_event(session_id, {"type": "agent.message", "bench_appended_at": stamp,
+                                        "content": [{"type": "text", "text": f"bench event {i}"}]})
+        stamps[event.seq] = stamp
+        if (i + 1) % max(1, int(plan.rate * 2)) == 0:
+            say(f"  appended {i + 1}/{count}")
+    return stamps
+
+
+def collect(pages: list[Any], stamps: dict[int, float], warmup: int) -> tuple[list[float], int, list[float]]:
+    """Latencies in ms of every measured (page, seq), how many never showed, and each page's p95."""
+    measured = sorted(stamps)[warmup:]
+    deadline = time.monotonic() + 15
+    seen_by_page = []
+    for page in pages:
+        while True:
+            seen = {int(k): v for k, v in page.evaluate("window.benchSeen").items()}
+            if all(seq in seen for seq in measured) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        seen_by_page.append(seen)
+    latencies, missing, page_p95 = [], 0, []
+    for seen in seen_by_page:
+        mine = [seen[seq] - stamps[seq] * 1000 for seq in measured if seq in seen]
+        missing += sum(1 for seq in measured if seq not in seen)
+        latencies += mine
+        if mine:
+            page_p95.append(percentile(mine, 0.95))
+    return latencies, missing, page_p95
+
+
+# --- The report -----------------------------------------------------------------------------------------
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(percentile(values, 0.5), 1), "p95_ms": round(percentile(values, 0.95), 1),
+            "max_ms": round(max(values), 1), "n": len(values)}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| measure | p50 | p95 | max | n | target | met |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['measure']} | {row['p50_ms']:.0f} ms | {row['p95_ms']:.0f} ms | {row['max_ms']:.0f} ms | "
+                     f"{row['n']} | {row['target']} | {'yes' if row['met'] else '**no**'} |")
+    return "\n".join(lines)
+
+
+def plot(path: Path, opens: list[Open], latencies: list[float], plan: Plan, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
+    runs = range(1, len(opens) + 1)
+    left.plot(runs, [o.visible_ms for o in opens], "o-", color="#3b6ea8", label="tail visible (page clock)")
+    left.plot(runs, [o.first_byte_ms for o in opens], "o--", color="#b0b0b0", label="first byte")
+    left.axhline(TAIL_TARGET_MS, color="#a33", linewidth=0.8, linestyle=":", label="target")
+    left.set_ylim(bottom=0)
+    left.set_xlabel("open")
+    left.set_ylabel("ms from navigation start")
+    left.set_title(f"Opening a {LONG_SESSION:,}-event session")
+    left.legend(fontsize=8)
+    ordered = sorted(latencies)
+    right.plot(ordered, [i / len(ordered) for i in range(1, len(ordered) + 1)], color="#3b6ea8")
+    right.axvline(APPEND_P95_TARGET_MS, color="#a33", linewidth=0.8, linestyle=":", label="p95 target")
+    right.axhline(0.95, color="#999", linewidth=0.6)
+    right.set_xlabel("ms from the append to the node in the page")
+    right.set_ylabel("fraction of (page, event)")
+    right.set_title(f"{plan.pages} pages, {plan.rate:g} appends/s for {plan.seconds:g} s")
+    right.legend(fontsize=8)
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: fewer opens, a short append run")
+    parser.add_argument("--pages", type=int, help="pages watching the live session (default 20)")
+    parser.add_argument("--rate", type=float, help="appends per second (default 5)")
+    parser.add_argument("--seconds", type=float, help="how long the appends go on")
+    parser.add_argument("--opens", type=int, help="times the long session is opened")
+    parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
+                        help="use this PostgreSQL database instead of starting one (env BENCH_DATABASE_URL)")
+    parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL"),
+                        help="use this Redis instead of starting one (env BENCH_REDIS_URL)")
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else DEFAULT
+    plan = Plan(opens=args.opens or plan.opens, pages=args.pages or plan.pages, rate=args.rate or plan.rate,
+                seconds=args.seconds or plan.seconds, warmup=plan.warmup)
+    if not os.path.exists(CHROMIUM):
+        raise SystemExit(f"bench/ui: no Chromium at {CHROMIUM} (apt-get install chromium)")
+    began = time.monotonic()
+
+    with services(args.database_url, args.redis_url) as (database_url, redis_url):
+        setup_django(database_url, redis_url)
+        from django.core.management import call_command
+        from django.db import connections
+        from playwright.sync_api import sync_playwright
+
+        call_command("migrate", verbosity=0)
+        machine = machine_info()
+        if machine["load_average_at_start"][0] > 0.5:
+            say(f"note: load average {machine['load_average_at_start'][0]} before starting; other work on this "
+                "machine will make the figures noisy")
+        operator()
+        say(f"inserting a {LONG_SESSION:,}-event session")
+        long_id = long_session(LONG_SESSION)
+        live_id = new_session()
+        connections.close_all()
+        with daphne(database_url, redis_url) as base, sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            state = log_in(browser, base)
+            say(f"opening the {LONG_SESSION:,}-event session {plan.opens} times")
+            opens = measure_opens(browser.new_context(storage_state=state), base, long_id, plan.opens)
+            say(f"opening {plan.pages} pages, each in its own browser context, on a live session")
+            pages = watch(browser, state, base, live_id, plan.pages)
+            say(f"appending {plan.warmup} + {int(plan.rate * plan.seconds)} events at {plan.rate:g}/s")
+            # emit_event is synchronous ORM code; Playwright's loop in this thread is not the caller's.
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+            stamps = append(live_id, plan)
+            latencies, missing, page_p95 = collect(pages, stamps, plan.warmup)
+            browser.close()
+        connections.close_all()
+        machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+
+    if not latencies:
+        raise SystemExit("bench/ui: no page showed any appended event")
+    tail = summary([o.visible_ms for o in opens])
+    first_byte = summary([o.first_byte_ms for o in opens])
+    appended = summary(latencies)
+    rows = [
+        {"measure": f"open a {LONG_SESSION:,}-event session → tail visible", **tail,
+         "target": f"≤ {TAIL_TARGET_MS:.0f} ms", "met": tail["p95_ms"] <= TAIL_TARGET_MS},
+        {"measure": "  of which: the page's first byte", **first_byte, "target": "", "met": True},
+        {"measure": f"append → visible in {plan.pages} pages", **appended,
+         "target": f"p95 ≤ {APPEND_P95_TARGET_MS:.0f} ms", "met": appended["p95_ms"] <= APPEND_P95_TARGET_MS},
+    ]
+    report = table(rows)
+    say("")
+    say(report)
+    say(f"never shown: {missing} of {len(latencies) + missing} (page, event); slowest page's p95: "
+        f"{max(page_p95):.0f} ms")
+    met = sum(1 for row in rows if row["target"] and row["met"])
+    say(f"targets met: {met} of 2" + ("" if met == 2 else " (a benchmark reports; exit status stays 0)"))
+
+    stem = "ui-quick" if args.quick else "ui"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result = {
+        "benchmark": "ui",
+        "quick": args.quick,
+        "machine": machine,
+        "plan": asdict(plan),
+        "seconds": round(time.monotonic() - began, 1),
+        "results": rows,
+        "opens": [asdict(o) for o in opens],
+        "append_missing": missing,
+        "append_page_p95_ms": [round(p, 1) for p in page_p95],
+        "targets": {"met": met, "total": 2},
+        "table": report,
+    }
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    plot(RESULTS / f"{stem}.png", opens, latencies, plan,
+         f"bench/ui on {machine['nproc']} CPUs, Chromium, one Daphne, {machine['date']}")
+    say(f"wrote {RESULTS.relative_to(ROOT)}/{stem}.json and {stem}.png ({result['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    # Stop on SIGTERM as on Ctrl-C, so the private PostgreSQL and Redis are stopped and removed.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    sys.exit(main())

@@ -190,7 +190,7 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
         f"**Phase 1** — {plan['per_mode']} sessions per mode (after {plan['warmup']} warm-up each), the three modes "
         f"interleaved round-robin at Poisson arrivals of {plan['rate']:g}/s. Every session's environment clones a "
         f"repository of {repo['files']:,} files ({repo['tree_mb']} MB of tree, {repo['commits']} commits) served by "
-        "`git daemon` on loopback: *coupled* before the first model call (`provisioning: eager`), *decoupled* at "
+        f"`git daemon` on loopback, into {plan.get('provider', 'docker')} sandboxes: *coupled* before the first model call (`provisioning: eager`), *decoupled* at "
         f"the first tool call (lazy), *decoupled+pool* likewise with a warm pool of {plan['warm_pool']}. TTFT runs "
         "from the POST of a plain-text user message to the first `event_delta` on the client's SSE stream. The "
         f"offline model's fixed TTFT is {plan['model_ttft_ms']:g} ms ({plan['model_tps']:g} tokens/s); *platform* "
@@ -243,6 +243,14 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
             f"{rows[2]['pooled_first_sandboxes']} of {rows[2]['tool_result_n']} decoupled+pool ones came from the pool.",
             "",
         ]
+    out += [
+        "Left out above as failed (a clone or sandbox error, a tool result without the repository, a timeout): "
+        + ", ".join(f"{r['mode']} {r['failed']}" for r in rows)
+        + ". Kept, though their lease lapsed and the sweeper woke another brain mid-turn: "
+        + ", ".join(f"{r['mode']} {r.get('recovered_sessions', '–')}" for r in rows)
+        + ".",
+        "",
+    ]
     if platform:
         out += [
             f"**Phase 2** — the platform's own share with sessions running at once: {plan['platform_sessions']} "
@@ -434,7 +442,7 @@ def pick(name: str, prefer_quick: bool) -> Path | None:
 
 
 def names() -> list[str]:
-    found = {p.stem.removesuffix("-quick") for p in RESULTS.glob("*.json")}
+    found = {p.stem.removesuffix("-quick") for p in RESULTS.glob("*.json") if not p.stem.endswith("-partial")}
     return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
 
 
@@ -471,6 +479,8 @@ def main(argv: list[str] | None = None) -> None:
             + ".",
             "",
         ]
+        if data.get("note"):
+            section += [f"> {data['note']}", ""]
         section += body
         if machine:
             section += [machine_line(machine, when), ""]

@@ -56,7 +56,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,7 @@ class Plan:
         int  # phase 2: decoupled sessions measuring the platform's share, with the background on
     )
     platform_rate: float  # their mean arrivals per second
+    provider: str = "docker"  # the sandboxes' provider: docker, or local (bubblewrap)
     workers: int = 4  # Celery worker processes (threads pool)
     threads: int = 25  # threads per worker
     files: int = 3000  # files in the served repository
@@ -111,7 +112,7 @@ class Plan:
 
 
 DEFAULT = Plan(
-    per_mode=200,
+    per_mode=70,  # 210 measured sessions in all, three modes interleaved
     warmup=3,
     rate=0.5,
     background=RUNNING_TARGET,
@@ -161,6 +162,7 @@ class Sample:
     provision_ms: float | None = None  # coupled: status_running -> sandbox.provisioned
     clone_ms: float | None = None  # coupled: sandbox.provisioned -> span.model_request_start
     pooled: bool | None = None  # the sandbox came from the warm pool
+    recovered: int = 0  # brain.recovered events: a lease lapsed and the sweeper woke another brain
     errors: list[str] = field(default_factory=list)
 
 
@@ -562,6 +564,9 @@ class Run:
         self.background_errors = 0
         self.in_flight = 0
         self.t0 = 0.0
+        self.checkpoint: Any = (
+            None  # called with the run every progress line, to save what is measured so far
+        )
         self.stopping = asyncio.Event()
         self.cleanup = asyncio.Semaphore(3)  # sandbox removals at once (dockerd does the work)
 
@@ -626,6 +631,8 @@ class Run:
             first.setdefault(kind, at.timestamp())
             if kind == "session.error":
                 sample.errors.append(f"session.error: {payload.get('error', {}).get('message', '')[:200]}")
+            if kind == "brain.recovered" and "epoch" in payload:
+                sample.recovered += 1
             if kind == "sandbox.provisioned" and sample.pooled is None:
                 sample.pooled = bool(payload.get("pooled"))
         if "user.message" in first:
@@ -788,6 +795,9 @@ class Run:
                     f"{mode} {len(values)}" + (f" p50 {percentile(values, 0.5):.0f} ms" if values else "")
                 )
             failed = sum(bool(x.errors) for x in self.samples if x.phase == phase.name)
+            if self.checkpoint is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self.checkpoint, self)
             say(
                 f"  {time.perf_counter() - self.t0 - phase.start_s:5.0f} s  "
                 + " | ".join(parts)
@@ -958,15 +968,18 @@ def child_pid(marker: str) -> int:
     raise RuntimeError(f"no child process running {marker}")
 
 
-def remove_containers(deployment: str) -> int:
-    import docker
+def remove_sandboxes(deployment: str, provider_name: str) -> int:
+    """Terminate every sandbox the provider still has with this run's deployment label."""
+    from sandboxes.providers import SandboxError, get_provider
 
-    engine = docker.from_env()
-    containers = engine.containers.list(all=True, filters={"label": f"workbench.deployment={deployment}"})
-    for container in containers:
-        with contextlib.suppress(docker.errors.APIError):
-            container.remove(force=True, v=True)
-    return len(containers)
+    provider = get_provider(provider_name)
+    handles = [
+        h for h, labels in provider.list_handles().items() if labels.get("workbench.deployment") == deployment
+    ]
+    for handle in handles:
+        with contextlib.suppress(SandboxError, OSError):
+            provider.terminate(handle)
+    return len(handles)
 
 
 # --- Figures ------------------------------------------------------------------------------------------------
@@ -1036,6 +1049,7 @@ def summarise(samples: list[Sample], plan: Plan) -> list[dict[str, Any]]:
                 "tool_result_p50_ms": pct(tools, 0.50),
                 "tool_result_p95_ms": pct(tools, 0.95),
                 "pooled_first_sandboxes": sum(1 for x in ok if x.pooled),
+                "recovered_sessions": sum(1 for x in ok if x.recovered),
             }
         )
     coupled = rows[0]
@@ -1149,6 +1163,12 @@ def table(
             f"ms, streaming path beyond the model {ms(r['stream_path_p50_ms'])} ms; first tool calls from the "
             f"warm pool: {r['pooled_first_sandboxes']} of {r['tool_result_n']}"
         )
+    lines.append(
+        "failed (left out above: a clone or sandbox error, a tool result without the repository, a timeout): "
+        + ", ".join(f"{r['mode']} {r['failed']}" for r in rows)
+        + "; sessions whose lease lapsed and the sweeper woke another brain (kept): "
+        + ", ".join(f"{r['mode']} {r.get('recovered_sessions', '-')}" for r in rows)
+    )
     p = platform
     lines += [
         "",
@@ -1307,7 +1327,13 @@ def create_api_key() -> str:
 
 
 async def drive(
-    plan: Plan, base_url: str, key: str, repo: dict[str, Any], model_url: str, cpu_snapshot: Any
+    plan: Plan,
+    base_url: str,
+    key: str,
+    repo: dict[str, Any],
+    model_url: str,
+    cpu_snapshot: Any,
+    checkpoint: Any,
 ) -> Run:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -1342,9 +1368,9 @@ async def drive(
         )
     )["id"]
     sandbox = {
-        "coupled": {"provisioning": "eager"},
-        "decoupled": {"provisioning": "lazy"},
-        "decoupled+pool": {"provisioning": "lazy", "warm_pool": plan.warm_pool},
+        "coupled": {"provider": plan.provider, "provisioning": "eager"},
+        "decoupled": {"provider": plan.provider, "provisioning": "lazy"},
+        "decoupled+pool": {"provider": plan.provider, "provisioning": "lazy", "warm_pool": plan.warm_pool},
     }
     environments = {}
     for mode in MODES:
@@ -1353,10 +1379,14 @@ async def drive(
     background_env = (
         await api.post(
             "/v1/environments",
-            {"name": "ttft background", "config": {"type": "cloud", "sandbox": {"provisioning": "lazy"}}},
+            {
+                "name": "ttft background",
+                "config": {"type": "cloud", "sandbox": {"provider": plan.provider, "provisioning": "lazy"}},
+            },
         )
     )["id"]
     run = Run(plan, api, repo, model_url, agent, environments, cpu_snapshot)
+    run.checkpoint = checkpoint
     helpers = [
         asyncio.create_task(c)
         for c in (run.sample_system(), run.probe_model(), run.watch_loop_lag(), run.progress())
@@ -1395,7 +1425,9 @@ async def drive(
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
         if interrupted:
-            raise SystemExit("bench/ttft: interrupted")
+            if run.checkpoint is not None:
+                run.checkpoint(run)
+            raise SystemExit("bench/ttft: interrupted; `--from-partial` writes the results measured so far")
     return run
 
 
@@ -1410,16 +1442,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: ~20 sessions per mode, 10 in background"
     )
-    parser.add_argument("--per-mode", type=int, help="measured sessions per mode (default 200)")
+    parser.add_argument("--per-mode", type=int, help="measured sessions per mode (default 70: 210 in all)")
     parser.add_argument("--rate", type=float, help="mean arrivals per second over all modes (default 0.5)")
     parser.add_argument(
         "--background", type=int, help="sessions kept running besides the measured (default 50)"
     )
     parser.add_argument("--platform-sessions", type=int, help="phase 2's decoupled sessions (default 100)")
     parser.add_argument("--seed", type=int, help="seed of the arrivals and of the repository")
+    parser.add_argument(
+        "--provider", choices=("docker", "local"), help="the sandboxes' provider (default docker)"
+    )
     parser.add_argument("--note", default="", help="a remark saved with the results")
     parser.add_argument("--logs", type=Path, help="copy the processes' logs into this folder at the end")
     parser.add_argument("--replot", action="store_true", help="only redraw the PNG from the saved JSON")
+    parser.add_argument(
+        "--from-partial",
+        action="store_true",
+        help="write the results from the checkpoint an interrupted run left (ttft-partial.json)",
+    )
     args = parser.parse_args(argv)
     if args.replot:
         return replot(RESULTS / ("ttft-quick.json" if args.quick else "ttft.json"))
@@ -1431,12 +1471,22 @@ def main(argv: list[str] | None = None) -> int:
             ("rate", args.rate),
             ("background", args.background),
             ("platform_sessions", args.platform_sessions),
+            ("provider", args.provider),
             ("seed", args.seed),
         )
         if v is not None
     }
     plan = Plan(**{**asdict(plan), **overrides})
     stem = "ttft-quick" if args.quick else "ttft"
+    partial = RESULTS / f"{stem}-partial.json"
+    if args.from_partial:
+        say(f"summarising the checkpoint {partial.relative_to(ROOT)} of an interrupted run")
+        return write_results(
+            {**json.loads(partial.read_text()), "interrupted": True},
+            stem=stem,
+            quick=args.quick,
+            note=args.note,
+        )
     began = time.monotonic()
     deployment = f"bench-ttft-{secrets.token_hex(4)}"
 
@@ -1491,7 +1541,9 @@ def main(argv: list[str] | None = None) -> int:
         processes = Processes(folder, env)
         # Unwound in reverse: stop the processes (no more sandboxes made), then remove what is left.
         stack.callback(
-            lambda: say(f"removed {remove_containers(deployment)} leftover containers of {deployment}")
+            lambda: say(
+                f"removed {remove_sandboxes(deployment, plan.provider)} leftover sandboxes of {deployment}"
+            )
         )
         if args.logs:
             stack.callback(
@@ -1602,23 +1654,73 @@ def main(argv: list[str] | None = None) -> int:
         def cpu_snapshot() -> dict[str, float]:
             return process_cpu(groups, singles, postmaster)
 
-        run = asyncio.run(drive(plan, base_url, key, repo, model.base_url, cpu_snapshot))
+        def checkpoint(run: Run) -> None:
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            state = raw_state(plan, machine, repo, deployment, run, began, interrupted=True)
+            partial.with_suffix(".tmp").write_text(json.dumps(state) + "\n")
+            partial.with_suffix(".tmp").replace(partial)
+
+        run = asyncio.run(drive(plan, base_url, key, repo, model.base_url, cpu_snapshot, checkpoint))
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # asyncio put back the default
         processes.check()
         machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         connections.close_all()
 
-    samples = run.samples
+    partial.unlink(missing_ok=True)
+    return write_results(
+        raw_state(plan, machine, repo, deployment, run, began), stem=stem, quick=args.quick, note=args.note
+    )
+
+
+def raw_state(
+    plan: Plan,
+    machine: dict[str, Any],
+    repo: dict[str, Any],
+    deployment: str,
+    run: Run,
+    began: float,
+    *,
+    interrupted: bool = False,
+) -> dict[str, Any]:
+    """Everything the figures are computed from; saved as a checkpoint while the run goes on."""
+    phases = list(run.phases)
+    if run.phase is not None:  # the phase under way, up to now
+        phases.append(replace(run.phase, seconds=time.perf_counter() - run.t0 - run.phase.start_s))
+    return {
+        "plan": asdict(plan),
+        "machine": machine,
+        "repo": repo,
+        "deployment": deployment,
+        "samples": [asdict(x) for x in run.samples],
+        "phases": [asdict(x) for x in phases],
+        "timeline": run.timeline,
+        "background_turns": run.background_turns,
+        "background_errors": run.background_errors,
+        "background_message": run.background_message(),
+        "background_first_message": run.background_message(first=True),
+        "seconds": round(time.monotonic() - began, 1),
+        "interrupted": interrupted,
+    }
+
+
+def write_results(raw: dict[str, Any], *, stem: str, quick: bool, note: str) -> int:
+    plan, machine, repo, deployment = Plan(**raw["plan"]), raw["machine"], raw["repo"], raw["deployment"]
+    samples = [Sample(**x) for x in raw["samples"] if x["ttft_ms"] is not None or x["errors"]]
+    interrupted = raw.get("interrupted", False)
+    if interrupted:
+        note = (note + " " if note else "") + (
+            f"Interrupted after {raw['seconds']:.0f} s: the figures are those of the sessions finished by then."
+        )
     rows = summarise(samples, plan)
     platform = summarise_platform(samples, plan)
-    phases = {phase.name: phase for phase in run.phases}
+    phases = {x["name"]: Phase(**x) for x in raw["phases"]}
     goals = targets(rows, platform, phases)
     failures = [
         {"phase": x.phase, "index": x.index, "mode": x.mode, "errors": x.errors} for x in samples if x.errors
     ]
     report = table(rows, platform, goals, plan, phases)
     report += (
-        f"\nfailed sessions: {len(failures)}; background turns sent: {run.background_turns}; "
+        f"\nfailed sessions: {len(failures)}; background turns sent: {raw['background_turns']}; "
         f"machine: {machine['nproc']} CPUs, load average {machine['load_average_at_start']} at the start"
     )
     say("")
@@ -1643,8 +1745,9 @@ def main(argv: list[str] | None = None) -> int:
             )
     result = {
         "benchmark": "ttft",
-        "quick": args.quick,
-        "note": args.note,
+        "quick": quick,
+        "note": note,
+        "interrupted": interrupted,
         "machine": machine,
         "plan": asdict(plan),
         "settings": {
@@ -1665,29 +1768,33 @@ def main(argv: list[str] | None = None) -> int:
                 "decoupled": {"provisioning": "lazy"},
                 "decoupled+pool": {"provisioning": "lazy", "warm_pool": plan.warm_pool},
             },
-            "sandbox": "docker, workbench-sandbox:latest, 1 CPU, 512 MB, no network (environment defaults)",
+            "sandbox": (
+                "docker, workbench-sandbox:latest, 1 CPU, 512 MB, no network (environment defaults)"
+                if plan.provider == "docker"
+                else "local (bubblewrap namespaces, the host's /usr), 1 CPU and 512 MB by cgroup, loopback only"
+            ),
             "user_message": USER_MESSAGE,
             "tool_message": TOOL_MESSAGE,
             "background": {
                 "sessions": plan.background,
-                "message": run.background_message(),
-                "first_message": run.background_message(first=True),
+                "message": raw["background_message"],
+                "first_message": raw["background_first_message"],
                 "context": {"type": "window", "last_events": 60},
                 "environment": {"provisioning": "lazy"},
             },
             "repository": repo,
             "deployment": deployment,
         },
-        "seconds": round(time.monotonic() - began, 1),
+        "seconds": raw["seconds"],
         "summary": rows,
         "platform": platform,
         "targets": goals,
         "phases": {name: phase.summary() for name, phase in phases.items()},
-        "background": {"turns_sent": run.background_turns, "send_errors": run.background_errors},
+        "background": {"turns_sent": raw["background_turns"], "send_errors": raw["background_errors"]},
         "failures": failures,
         "previous": previous,
         "samples": [asdict(x) for x in samples],
-        "timeline": run.timeline,
+        "timeline": raw["timeline"],
         "table": report,
     }
     json_path.write_text(json.dumps(result, indent=1) + "\n")
@@ -1697,7 +1804,7 @@ def main(argv: list[str] | None = None) -> int:
         rows,
         platform,
         plan,
-        run.timeline,
+        raw["timeline"],
         plot_title(plan, repo, machine),
     )
     say(f"wrote {json_path.relative_to(ROOT)} and {stem}.png ({result['seconds']:.0f} s)")
@@ -1725,7 +1832,8 @@ def plot_title(plan: Plan, repo: dict[str, Any], machine: dict[str, Any]) -> str
     return (
         f"bench/ttft on {machine['nproc']} CPUs: {plan.per_mode} sessions per mode at {plan.rate:g}/s, then "
         f"{plan.platform_sessions} decoupled; {plan.background} background sessions running; repository "
-        f"{repo['files']} files / {repo['tree_mb']} MB; model TTFT {plan.model_ttft_ms:g} ms; {machine['date']}"
+        f"{repo['files']} files / {repo['tree_mb']} MB; {plan.provider} sandboxes; model TTFT {plan.model_ttft_ms:g} ms; "
+        f"{machine['date']}"
     )
 
 

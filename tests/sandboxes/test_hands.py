@@ -33,9 +33,10 @@ def engine():
     except docker.errors.DockerException as error:
         require(False, f"no Docker engine ({error}); `make test` starts one")
     yield client
-    for container in client.containers.list(all=True, filters={"label": "workbench.managed=true"}):
-        if container.labels.get("workbench.environment", "").startswith("env_"):
-            container.remove(force=True)
+    # Only this run's: another test run, or `make run`, may share the engine.
+    mine = ["workbench.managed=true", f"workbench.deployment={settings.WORKBENCH_DEPLOYMENT}"]
+    for container in client.containers.list(all=True, filters={"label": mine}):
+        container.remove(force=True)
 
 
 @pytest.fixture

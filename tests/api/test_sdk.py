@@ -82,3 +82,16 @@ def test_sdk_stream_receives_the_events_sent_after_it_opened(sdk):
             {"type": "system.message", "content": [{"type": "text", "text": text}]}])
     reader.join(20)
     assert received == ["one", "two", "three"]
+
+
+def test_the_api_over_daphne_refuses_a_host_outside_allowed_hosts_in_its_error_envelope(live_server_url, api_key):
+    """/v1 runs without Django's middleware under ASGI (workbench/asgi.py); the host is still checked."""
+    import httpx
+
+    headers = {"x-api-key": api_key, "host": "evil.example"}
+    for method, path in (("GET", "/v1/sessions"), ("POST", "/v1/agents"), ("GET", "/v1/sessions/x/events/stream")):
+        response = httpx.request(method, f"{live_server_url}{path}", headers=headers, json={}, timeout=30)
+        assert response.status_code == 400, (path, response.text)
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and "evil.example" in error["message"]
+    assert httpx.get(f"{live_server_url}/v1/sessions", headers={"x-api-key": api_key}, timeout=30).status_code == 200

@@ -15,6 +15,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -70,6 +71,10 @@ def _authenticate(request: HttpRequest) -> None:
     request.api_key = key  # type: ignore[attr-defined]
 
 
+def _bad_host(error: DisallowedHost) -> InvalidRequest:
+    return InvalidRequest(str(error))  # Django says which host, and to add it to ALLOWED_HOSTS
+
+
 def _allowed(handlers: dict[str, Handler], request: HttpRequest) -> Handler:
     handler = handlers.get(request.method or "")
     if handler is None:
@@ -84,12 +89,15 @@ def endpoint(**handlers: Handler) -> Callable[..., HttpResponse]:
     def view(request: HttpRequest, **kwargs: Any) -> HttpResponse:
         request_id = f"req_{uuid.uuid4().hex}"
         try:
+            request.get_host()  # ALLOWED_HOSTS: /v1 runs without CommonMiddleware (workbench/asgi.py)
             handler = _allowed(handlers, request)
             _authenticate(request)
             request.json = _parse_body(request) if request.method == "POST" else {}  # type: ignore[attr-defined]
             result = handler(request, **kwargs)
         except ApiError as error:
             return error_response(error, request_id)
+        except DisallowedHost as error:
+            return error_response(_bad_host(error), request_id)
         response = result if isinstance(result, HttpResponse) else JsonResponse(result, safe=False)
         response["request-id"] = request_id
         return response
@@ -104,11 +112,14 @@ def async_endpoint(**handlers: Callable[..., Awaitable[HttpResponse]]) -> Callab
     async def view(request: HttpRequest, **kwargs: Any) -> HttpResponse:
         request_id = f"req_{uuid.uuid4().hex}"
         try:
+            request.get_host()
             handler = _allowed(handlers, request)
             await sync_to_async(_authenticate)(request)
             response = await handler(request, **kwargs)
         except ApiError as error:
             return error_response(error, request_id)
+        except DisallowedHost as error:
+            return error_response(_bad_host(error), request_id)
         response["request-id"] = request_id
         return response
 

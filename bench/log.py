@@ -141,11 +141,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def local_postgres(folder: Path) -> Iterator[str]:
-    """A private cluster like scripts/test-services.sh starts, but with PostgreSQL's default durability."""
+def local_postgres(folder: Path, *, max_connections: int = 100, settings: str = "") -> Iterator[str]:
+    """A private cluster like scripts/test-services.sh starts, but with PostgreSQL's default durability;
+    `settings` adds server options (e.g. "-c shared_buffers=256MB")."""
     bins = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name))
     if not bins or not (bins[-1] / "initdb").exists():
-        raise SystemExit("bench/log: PostgreSQL server binaries not found (apt-get install postgresql)")
+        raise SystemExit("bench: PostgreSQL server binaries not found (apt-get install postgresql)")
     pgbin = bins[-1]
     runas = []
     if os.getuid() == 0:
@@ -155,8 +156,8 @@ def local_postgres(folder: Path) -> Iterator[str]:
     # --no-sync only skips flushing initdb's own files; the server below runs with fsync on.
     subprocess.run([*runas, pgbin / "initdb", "-D", folder / "pg", "-U", "postgres", "-A", "trust", "--no-sync"],
                    check=True, capture_output=True)
-    options = (f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c max_connections=100 "
-               "-c fsync=on -c synchronous_commit=on -c full_page_writes=on")
+    options = (f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c max_connections={max_connections} "
+               f"-c fsync=on -c synchronous_commit=on -c full_page_writes=on {settings}").strip()
     subprocess.run([*runas, pgbin / "pg_ctl", "-D", folder / "pg", "-l", folder / "pg.log", "-w", "-t", "60",
                     "-o", options, "start"], check=True, stdout=subprocess.DEVNULL)
     try:

@@ -55,7 +55,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -64,7 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # so that `python bench/ttft.py` works as well as `python -m bench.ttft`
     sys.path.insert(0, str(ROOT))
 
-from bench.log import free_port, local_redis, machine_info, percentile, say, setup_django  # noqa: E402
+from bench.log import free_port, local_postgres, local_redis, machine_info, percentile, say, setup_django  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -216,59 +215,6 @@ class Phase:
 
 
 # --- Services and processes --------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def local_postgres(folder: Path, max_connections: int) -> Iterator[str]:
-    """As bench/log.py's cluster (default durability), with room for a hundred worker threads' connections."""
-    bins = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name))
-    if not bins or not (bins[-1] / "initdb").exists():
-        raise SystemExit("bench/ttft: PostgreSQL server binaries not found (apt-get install postgresql)")
-    pgbin = bins[-1]
-    runas = []
-    if os.getuid() == 0:
-        shutil.chown(folder, "postgres")
-        runas = ["runuser", "-u", "postgres", "--"]
-    port = free_port()
-    subprocess.run(
-        [*runas, pgbin / "initdb", "-D", folder / "pg", "-U", "postgres", "-A", "trust", "--no-sync"],
-        check=True,
-        capture_output=True,
-    )
-    options = (
-        f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c max_connections={max_connections} "
-        "-c shared_buffers=256MB -c fsync=on -c synchronous_commit=on -c full_page_writes=on"
-    )
-    subprocess.run(
-        [
-            *runas,
-            pgbin / "pg_ctl",
-            "-D",
-            folder / "pg",
-            "-l",
-            folder / "pg.log",
-            "-w",
-            "-t",
-            "60",
-            "-o",
-            options,
-            "start",
-        ],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        subprocess.run(
-            [*runas, pgbin / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "workbench"],
-            check=True,
-        )
-        yield f"postgres://postgres@127.0.0.1:{port}/workbench"
-    finally:
-        subprocess.run(
-            [*runas, pgbin / "pg_ctl", "-D", folder / "pg", "-m", "fast", "-w", "stop"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
 
 
 class Processes:
@@ -1506,7 +1452,9 @@ def main(argv: list[str] | None = None) -> int:
         say("starting PostgreSQL (default durability) and Redis")
         (folder / "pg").mkdir()
         (folder / "pg").chmod(0o755)
-        database_url = stack.enter_context(local_postgres(folder / "pg", max_connections=600))
+        database_url = stack.enter_context(
+            local_postgres(folder / "pg", max_connections=600, settings="-c shared_buffers=256MB")
+        )
         redis_url = stack.enter_context(local_redis(folder))
         os.environ["WORKBENCH_DEPLOYMENT"] = deployment
         setup_django(database_url, redis_url)

@@ -12,6 +12,7 @@ from typing import Any
 import anthropic
 from django.conf import settings
 
+USAGE_KEYS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 RETRYABLE_KINDS = frozenset({"model_overloaded_error", "model_rate_limited_error", "model_request_failed_error"})
 
 
@@ -144,8 +145,7 @@ def _fold_stream(stream: Any, on_text: Callable[[int, str], None]) -> Response:
                 raise ModelError("model_request_failed_error",
                                  "The model's stream carried a tool input that is not valid JSON.") from None
     response.blocks = [blocks[i] for i in sorted(blocks) if blocks[i]["type"] != "other"]
-    response.usage = {key: usage.get(key, 0) for key in
-                      ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")}
+    response.usage = {key: usage.get(key, 0) for key in USAGE_KEYS}
     return response
 
 
@@ -153,7 +153,7 @@ def _add_usage(usage: dict[str, int], reported: Any) -> None:
     """Usage as the stream reports it: message_delta's counts are cumulative, so a later value replaces."""
     if reported is None:
         return
-    for key in ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"):
+    for key in USAGE_KEYS:
         value = getattr(reported, key, None)
         if value is not None:
             usage[key] = value

@@ -1,8 +1,8 @@
 """The session log's benchmark: append throughput and slice reads.
 
 Appends: `emit_event` from 1 writer, 8 writers on 8 sessions and 8 writers on one session, each case run
-back to back with a raw psycopg loop doing the same SQL per event (BEGIN; the same UPDATE … RETURNING; the
-same INSERT; COMMIT), alternating sides over a few rounds so machine noise hits both. Writers are separate
+back to back with a raw psycopg loop sending the same SQL per event (the one statement `APPEND` that
+`emit_event` sends, in autocommit), alternating sides over a few rounds so machine noise hits both. Writers are separate
 processes. The broadcast hint stays on, through Redis, because that is the real path.
 
 Reads: the time of `get_events(session, start, start + 100)` at random starts and of `get_events(session,
@@ -60,17 +60,6 @@ EVENT = {
     "content": [{"type": "text", "text": "The tests pass now; the flaky one waited on a socket it never "
                  "opened. I changed the fixture to bind before it forks and ran the suite three times."}],
 }
-
-# The raw twin sends exactly the statements emit_event sends (for one event that sets no status).
-LOCK_AND_BUMP = (
-    "UPDATE agent_sessions_session SET next_seq = next_seq + %s, updated_at = %s "
-    "WHERE id = %s AND deleted_at IS NULL RETURNING next_seq, lease_epoch"
-)
-INSERT_EVENT = (
-    "INSERT INTO agent_sessions_event (uid, session_id, seq, type, payload, processed_at, idempotency_key, "
-    "lease_epoch) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id"
-)
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -229,18 +218,14 @@ def _raw_append(conn: Any, session_id: str) -> None:
     """One append as the SQL alone, on psycopg as it comes (bound server-side, prepared after a few runs)."""
     from psycopg.types.json import Jsonb
 
+    from sessions.services.log import APPEND
     from workbench.ids import new_id
 
     body = dict(EVENT)
     event_type = body.pop("type")
-    now = datetime.now(UTC)
-    with conn.cursor() as cursor:  # autocommit is off: the first statement opens the transaction
-        cursor.execute(LOCK_AND_BUMP, [1, now, session_id])
-        next_seq, _lease_epoch = cursor.fetchone()
-        cursor.execute(INSERT_EVENT, [new_id("sevt"), session_id, next_seq - 1, event_type, Jsonb(body), now,
-                                      None, None])
-        cursor.fetchone()
-    conn.commit()
+    conn.execute(APPEND, {"session": session_id, "count": 1, "now": datetime.now(UTC), "epoch": None, "keys": [],
+                          "status": None, "uids": [new_id("sevt")], "types": [event_type],
+                          "payloads": [Jsonb(body)], "event_keys": [None]}).fetchone()
 
 
 def _broadcast_drained() -> None:
@@ -257,7 +242,7 @@ def _writer(pipe: Connection, database_url: str, redis_url: str, warmup_session:
 
     from sessions.services import emit_event
 
-    raw = psycopg.connect(database_url, autocommit=False)
+    raw = psycopg.connect(database_url, autocommit=True)
     for _ in range(20):
         _raw_append(raw, warmup_session)
         emit_event(warmup_session, EVENT)

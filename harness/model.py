@@ -10,6 +10,7 @@ from functools import cache
 from typing import Any
 
 import anthropic
+from anthropic.types import Message, RawMessageStreamEvent
 from django.conf import settings
 
 USAGE_KEYS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
@@ -82,7 +83,7 @@ def stream_response(
     of the whole message on every event: the harness needs the blocks only once, at the end.
     """
     try:
-        stream = client().messages.create(**request, stream=True)
+        stream = _create_stream(request)
         register_cancel(stream.close)
         with stream:
             if cancelled.is_set():
@@ -97,6 +98,19 @@ def stream_response(
     finally:
         register_cancel(None)
     return response
+
+
+def _create_stream(request: dict[str, Any]) -> anthropic.Stream[RawMessageStreamEvent]:
+    """`client().messages.create(**request, stream=True)`, with the body encoded once, here.
+
+    `messages.create` copies every block of the request (`prepare_request_data`) and then encodes the copy:
+    for a long conversation that is a millisecond or two per call, spent again on every turn. The request
+    is plain JSON the harness built itself, so it goes out through the SDK's own `post` as bytes; the
+    response is the same typed stream, with the same errors and headers as `messages.create` gives.
+    """
+    body = json.dumps({**request, "stream": True}, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return client().post("/v1/messages", content=body.encode(), cast_to=Message, stream=True,
+                         stream_cls=anthropic.Stream[RawMessageStreamEvent])
 
 
 def _fold_stream(stream: Any, on_text: Callable[[int, str], None]) -> Response:

@@ -47,6 +47,27 @@ _UNBUMP = "UPDATE agent_sessions_session SET next_seq = next_seq - %s WHERE id =
 _SET_STATUS = "UPDATE agent_sessions_session SET status = %s WHERE id = %s RETURNING id"
 _USED_KEYS = "SELECT 1 FROM agent_sessions_event WHERE session_id = %s AND idempotency_key IN ({}) LIMIT 1"
 
+# The whole append as one statement, so that alone it is one round trip and its own transaction. The
+# UPDATE locks the session row; under READ COMMITTED it re-checks the epoch on the row's latest version
+# if it had to wait. A key already used, a stale epoch or a deleted session leaves `bump` empty, so
+# nothing is written (the caller then asks why). A key written by a transaction that committed while
+# this one waited for the lock is not in this statement's snapshot: the unique key then refuses the
+# insert, and the caller falls back to the statements above, which look again under the lock.
+APPEND = (
+    "WITH used AS (SELECT 1 FROM agent_sessions_event "
+    "WHERE session_id = %(session)s AND idempotency_key = ANY(%(keys)s::text[]) LIMIT 1), "
+    "bump AS (UPDATE agent_sessions_session SET next_seq = next_seq + %(count)s, updated_at = %(now)s, "
+    "status = COALESCE(%(status)s::text, status) "
+    "WHERE id = %(session)s AND deleted_at IS NULL AND NOT EXISTS (SELECT 1 FROM used) "
+    "AND (%(epoch)s::bigint IS NULL OR lease_epoch = %(epoch)s::bigint) RETURNING next_seq), "
+    f"inserted AS (INSERT INTO agent_sessions_event {_COLUMNS} "
+    "SELECT r.uid, %(session)s, bump.next_seq - %(count)s + r.n - 1, r.type, r.payload, %(now)s, r.key, "
+    "%(epoch)s::bigint FROM bump, unnest(%(uids)s::text[], %(types)s::text[], %(payloads)s::jsonb[], "
+    "%(event_keys)s::text[]) WITH ORDINALITY AS r(uid, type, payload, key, n) RETURNING id, seq) "
+    "SELECT (SELECT next_seq FROM bump), ARRAY(SELECT id FROM inserted ORDER BY seq)"
+)
+_CURRENT_EPOCH = "SELECT lease_epoch FROM agent_sessions_session WHERE id = %s AND deleted_at IS NULL"
+
 
 def insert_sql(count: int) -> str:
     rows = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * count)
@@ -87,8 +108,11 @@ def emit_events(session_id: str, items: list[Item], *, epoch: int | None = None)
         if db.vendor == "postgresql" and not db.in_atomic_block:
             # Alone, an append is its own transaction: run it on psycopg's, skipping Django's bookkeeping.
             db.ensure_connection()
-            with db.wrap_database_errors, db.connection.transaction():
-                outcome, result = _append(db, session_id, rows, now, epoch)
+            with db.wrap_database_errors:
+                outcome, result = _append_at_once(db, session_id, rows, now, epoch)
+                if outcome == "look again":
+                    with db.connection.transaction():
+                        outcome, result = _append(db, session_id, rows, now, epoch)
             if outcome == "new":
                 for created in result:
                     publish_event(created)
@@ -111,6 +135,34 @@ def emit_events(session_id: str, items: list[Item], *, epoch: int | None = None)
     if outcome == "stale":
         raise StaleEpoch(session_id, epoch or 0, result)
     return result
+
+
+def _append_at_once(db: Any, session_id: str, rows: list[tuple[str, str, dict[str, Any], str | None]], now: Any,
+                    epoch: int | None) -> tuple[str, Any]:
+    """The append as the one statement `APPEND` on PostgreSQL, outside any transaction: `_append`'s outcomes,
+    or ("look again", None) when a key or id turned out to be taken, for `_append` to settle under the lock."""
+    statuses = [STATUS_BY_EVENT_TYPE[kind] for kind, *_ in rows if kind in STATUS_BY_EVENT_TYPE]
+    keys = [key for *_, key in rows if key is not None]
+    cursor = psycopg.Cursor(db.connection)
+    try:
+        next_seq, ids = cursor.execute(APPEND, {
+            "session": session_id, "count": len(rows), "now": now, "epoch": epoch, "keys": keys,
+            "status": statuses[-1] if statuses else None, "uids": [uid for _, uid, _, _ in rows],
+            "types": [kind for kind, *_ in rows], "payloads": [Jsonb(body) for _, _, body, _ in rows],
+            "event_keys": [key for *_, key in rows]}).fetchone()
+    except psycopg.errors.UniqueViolation:
+        return "look again", None
+    if next_seq is not None:
+        return "new", _events(db, session_id, rows, next_seq - len(rows), ids, now, epoch)
+    current = cursor.execute(_CURRENT_EPOCH, [session_id]).fetchall()
+    if not current:
+        return "missing", None
+    if epoch is not None and current[0][0] != epoch:
+        return "stale", current[0][0]
+    existing = {e.idempotency_key: e for e in Event.objects.filter(session_id=session_id, idempotency_key__in=keys)}
+    if not existing:
+        return "look again", None
+    return "existing", [existing[key] for *_, key in rows if key in existing]
 
 
 def _append(db: Any, session_id: str, rows: list[tuple[str, str, dict[str, Any], str | None]], now: Any,
@@ -144,14 +196,20 @@ def _append(db: Any, session_id: str, rows: list[tuple[str, str, dict[str, Any],
         payload = Jsonb(body) if db.vendor == "postgresql" else json.dumps(body)
         params += [uid, session_id, first + offset, kind, payload, now, key, epoch]
     ids = fetch(insert_sql(count), params)
+    return "new", _events(db, session_id, rows, first, [pk for (pk,) in ids], now, epoch)
+
+
+def _events(db: Any, session_id: str, rows: list[tuple[str, str, dict[str, Any], str | None]], first: int,
+            ids: list[int], now: Any, epoch: int | None) -> list[Event]:
+    """The appended rows as saved `Event`s, without reading them back."""
     created = []
-    for (pk,), offset, (kind, uid, body, key) in zip(ids, range(count), rows, strict=True):
+    for pk, offset, (kind, uid, body, key) in zip(ids, range(len(rows)), rows, strict=True):
         event = Event(id=pk, uid=uid, session_id=session_id, seq=first + offset, type=kind, payload=body,
                       processed_at=now, idempotency_key=key, lease_epoch=epoch)
         event._state.adding = False
         event._state.db = db.alias
         created.append(event)
-    return "new", created
+    return created
 
 
 def _statements(db: Any) -> Any:

@@ -185,8 +185,69 @@ def test_an_appended_event_is_broadcast_after_commit_stamped_with_session_and_se
     assert second["seq"] == 1 and second["event"]["content"][0]["text"] == "b"
 
 
-def test_the_log_benchmark_times_the_same_statements_emit_event_sends():
-    from bench import log as bench_log
-    from sessions.services import log
+# Alone (outside a caller's transaction) an append on PostgreSQL is one statement; these run that path.
 
-    assert (log._LOCK_AND_BUMP, log.insert_sql(1)) == (bench_log.LOCK_AND_BUMP, bench_log.INSERT_EVENT)
+
+@pytest.mark.django_db(transaction=True)
+def test_alone_an_append_sets_status_keeps_keys_and_refuses_a_stale_epoch():
+    require(on_postgres(), "the one-statement append is PostgreSQL's")
+    from sessions.services import emit_events
+
+    session_id = make_session()
+    Session.objects.filter(id=session_id).update(lease_epoch=4)
+    batch = [({"type": "session.status_running"}, None), (message("a"), "k:a"), (message("b"), "k:b")]
+    first = emit_events(session_id, batch, epoch=4)
+    assert [e.seq for e in first] == [0, 1, 2] and Session.objects.get(id=session_id).status == "running"
+    assert [e.pk for e in first] == list(Event.objects.filter(session_id=session_id).order_by("seq")
+                                         .values_list("pk", flat=True))
+    again = emit_events(session_id, [(message("a2"), "k:a"), (message("b2"), "k:b")], epoch=4)
+    assert [e.pk for e in again] == [first[1].pk, first[2].pk]
+    with pytest.raises(StaleEpoch) as stale:
+        emit_events(session_id, [(message("late"), None)], epoch=3)
+    assert stale.value.current == 4
+    assert Session.objects.get(id=session_id).next_seq == 3 and get_events(session_id)[-1].seq == 2
+    Session.objects.filter(id=session_id).update(deleted_at="2026-01-01T00:00:00Z")
+    with pytest.raises(SessionNotFound):
+        emit_event(session_id, message("gone"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_committed_while_an_append_waited_for_the_lock_returns_that_event():
+    require(on_postgres(), "row locks and snapshots are PostgreSQL's")
+    import threading
+    import time
+
+    session_id = make_session()
+    holding, release = threading.Event(), threading.Event()
+    outcome: dict = {}
+
+    def holder():
+        with transaction.atomic():
+            emit_event(session_id, message("first"), idempotency_key="k")
+            holding.set()
+            release.wait(30)
+
+    def appender():
+        outcome["event"] = emit_event(session_id, message("second"), idempotency_key="k")
+
+    threads = [threading.Thread(target=in_thread, args=(holder,))]
+    threads[0].start()
+    assert holding.wait(30)
+    threads.append(threading.Thread(target=in_thread, args=(appender,)))
+    threads[1].start()
+    deadline = time.monotonic() + 30
+    with connection.cursor() as cursor:  # wait until the appender's statement queues behind the row lock
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                           "AND datname = current_database()")
+            if cursor.fetchone()[0]:
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the second append never waited for the session's lock")
+    release.set()
+    for thread in threads:
+        thread.join(30)
+    assert outcome["event"].seq == 0 and outcome["event"].payload["content"][0]["text"] == "first"
+    assert [e.payload["content"][0]["text"] for e in get_events(session_id)] == ["first"]
+    assert Session.objects.get(id=session_id).next_seq == 1

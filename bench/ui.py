@@ -239,8 +239,10 @@ def append(session_id: str, plan: Plan) -> dict[int, float]:
     return stamps
 
 
-def collect(pages: list[Any], stamps: dict[int, float], warmup: int) -> tuple[list[float], int, list[float]]:
-    """Latencies in ms of every measured (page, seq), how many never showed, and each page's p95."""
+def collect(pages: list[Any], stamps: dict[int, float], warmup: int
+            ) -> tuple[list[float], int, list[float], list[list[float]]]:
+    """Latencies in ms of every measured (page, seq), how many never showed, each page's p95, and per
+    measured event (in append order) its seconds into the run, median and slowest page's latency."""
     measured = sorted(stamps)[warmup:]
     deadline = time.monotonic() + 15
     seen_by_page = []
@@ -258,7 +260,13 @@ def collect(pages: list[Any], stamps: dict[int, float], warmup: int) -> tuple[li
         latencies += mine
         if mine:
             page_p95.append(percentile(mine, 0.95))
-    return latencies, missing, page_p95
+    timeline = []
+    for seq in measured:
+        shown = [seen[seq] - stamps[seq] * 1000 for seen in seen_by_page if seq in seen]
+        if shown:
+            timeline.append([round(stamps[seq] - stamps[measured[0]], 3), round(percentile(shown, 0.5), 1),
+                             round(max(shown), 1)])
+    return latencies, missing, page_p95, timeline
 
 
 # --- The report -----------------------------------------------------------------------------------------
@@ -277,13 +285,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(path: Path, opens: list[Open], latencies: list[float], plan: Plan, title: str) -> None:
+def plot(path: Path, opens: list[Open], latencies: list[float], timeline: list[list[float]], plan: Plan,
+         title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
+    figure, (left, right, late) = plt.subplots(1, 3, figsize=(17, 4.6))
     runs = range(1, len(opens) + 1)
     left.plot(runs, [o.visible_ms for o in opens], "o-", color="#3b6ea8", label="tail visible (page clock)")
     left.plot(runs, [o.first_byte_ms for o in opens], "o--", color="#b0b0b0", label="first byte")
@@ -301,6 +310,16 @@ def plot(path: Path, opens: list[Open], latencies: list[float], plan: Plan, titl
     right.set_ylabel("fraction of (page, event)")
     right.set_title(f"{plan.pages} pages, {plan.rate:g} appends/s for {plan.seconds:g} s")
     right.legend(fontsize=8)
+    late.plot([t for t, _, _ in timeline], [m for _, m, _ in timeline], ".", color="#3b6ea8", markersize=3,
+              label="median of the pages")
+    late.plot([t for t, _, _ in timeline], [x for _, _, x in timeline], ".", color="#d08030", markersize=3,
+              label="slowest page")
+    late.axhline(APPEND_P95_TARGET_MS, color="#a33", linewidth=0.8, linestyle=":", label="p95 target")
+    late.set_yscale("log")
+    late.set_xlabel("s into the append run")
+    late.set_ylabel("ms from the append to the node")
+    late.set_title("Each event over the run")
+    late.legend(fontsize=8)
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -353,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             # emit_event is synchronous ORM code; Playwright's loop in this thread is not the caller's.
             os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
             stamps = append(live_id, plan)
-            latencies, missing, page_p95 = collect(pages, stamps, plan.warmup)
+            latencies, missing, page_p95, timeline = collect(pages, stamps, plan.warmup)
             browser.close()
         connections.close_all()
         machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -390,11 +409,12 @@ def main(argv: list[str] | None = None) -> int:
         "opens": [asdict(o) for o in opens],
         "append_missing": missing,
         "append_page_p95_ms": [round(p, 1) for p in page_p95],
+        "append_timeline": {"columns": ["s_into_run", "median_ms", "slowest_page_ms"], "rows": timeline},
         "targets": {"met": met, "total": 2},
         "table": report,
     }
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-    plot(RESULTS / f"{stem}.png", opens, latencies, plan,
+    plot(RESULTS / f"{stem}.png", opens, latencies, timeline, plan,
          f"bench/ui on {machine['nproc']} CPUs, Chromium, one Daphne, {machine['date']}")
     say(f"wrote {RESULTS.relative_to(ROOT)}/{stem}.json and {stem}.png ({result['seconds']:.0f} s)")
     return 0

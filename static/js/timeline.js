@@ -5,9 +5,20 @@ import { activate, fetchEvents, fold, parseNodes, unfoldOrphans } from "./events
 
 const CHUNK = 100; // events per slice fetched while scrolling
 const MAX_NODES = 600; // event nodes kept in the page; farther ones are dropped, and fetched again if needed
+// While the view follows the live tail, fewer: a new event costs the page style, layout and paint that grow
+// with the nodes it holds (Chromium's main thread here: 7 ms a new event with 70 nodes, 13 ms with 450).
+// Scrolling up loads the earlier ones again. The oldest go a few at a time (FOLLOW_SLACK), not one per new
+// event, as each drop moves everything that stays.
+const FOLLOW_NODES = 60;
+const FOLLOW_SLACK = 5;
 const EDGE_PX = 800; // how close to an end of the loaded slice the next one is fetched
 const STICK_PX = 48; // within this distance of the bottom, the view follows new events
 const PANEL_TYPES = /^(session\.status_|session\.updated|brain\.|sandbox\.|fork\.)/;
+
+// Setting textContent replaces the text even when it is the same, and the page then lays out and paints again.
+function setIfChanged(node, property, value) {
+  if (node[property] !== value) node[property] = value;
+}
 
 class Timeline {
   constructor(view) {
@@ -33,6 +44,7 @@ class Timeline {
     this.unseen = 0;
     this.retries = 0;
     this.previews = new Map();
+    this.arrived = new Map(); // seq -> node HTML the socket brought, until it goes into the page
 
     fold(this.list);
     if (!this.openPermalink()) this.scrollToBottom();
@@ -80,11 +92,24 @@ class Timeline {
     if (seq < this.length) return;
     this.length = seq + 1;
     if (PANEL_TYPES.test(event?.type ?? "")) this.refreshPanel();
-    if (!this.tail) this.setUnseen(this.unseen + 1);
-    // The socket brings a live event's node; it goes straight in when it is the next one and nothing is
-    // loading. Otherwise the page fetches what it lacks as a slice.
-    else if (html && seq === this.hi && !this.busy) this.insert(parseNodes(html));
-    else this.request("live");
+    if (!this.tail) {
+      this.setUnseen(this.unseen + 1);
+      return;
+    }
+    // The socket brings a live event's node: it goes in when the page reaches it, at once if nothing is
+    // loading. Only what the socket did not bring (a catch-up run) is fetched as a slice. Nodes that come
+    // while a slice is on its way wait for it rather than ask for another: on a busy server a page that
+    // fetched for every event that came during a fetch never went back to taking them from the socket.
+    if (html && this.arrived.size < MAX_NODES) this.arrived.set(seq, html);
+    this.request("live");
+  }
+
+  // Put in the nodes the socket brought that follow on from the page; forget those the page has.
+  takeArrived() {
+    const run = [];
+    while (this.arrived.has(this.hi + run.length)) run.push(this.arrived.get(this.hi + run.length));
+    if (run.length) this.insert(parseNodes(run.join("")));
+    for (const seq of this.arrived.keys()) if (seq < this.hi) this.arrived.delete(seq);
   }
 
   onPreview(preview) {
@@ -138,7 +163,9 @@ class Timeline {
   }
 
   async loadLive() {
-    if (!this.tail || this.hi >= this.length) return;
+    if (!this.tail) return;
+    this.takeArrived();
+    if (this.hi >= this.length) return;
     if (this.length - this.hi > MAX_NODES) return this.reset(null);
     await this.append(this.hi, Math.min(this.length, this.hi + 500), { live: true });
     if (this.hi < this.length) this.want.add("live");
@@ -158,8 +185,9 @@ class Timeline {
     this.hi = Number(nodes.at(-1).dataset.seq) + 1;
     if (this.hi >= this.length) this.tail = true;
     this.settle(nodes);
-    const excess = this.list.childElementCount - MAX_NODES;
-    if (excess > 0) this.drop("top", excess);
+    const following = stick && this.tail;
+    const excess = this.list.childElementCount - (following ? FOLLOW_NODES : MAX_NODES);
+    if (excess > (following ? FOLLOW_SLACK : 0)) this.drop("top", excess);
     if (stick && this.tail) this.scrollToBottom();
     else if (live) this.setUnseen(this.unseen + nodes.length);
   }
@@ -281,12 +309,12 @@ class Timeline {
   setUnseen(count) {
     this.unseen = count;
     const behind = !this.tail || (count > 0 && !this.stuck);
-    this.jump.hidden = !behind;
-    this.jump.textContent = count > 0 ? `${count} new event${count === 1 ? "" : "s"} ↓` : "Jump to the latest ↓";
+    setIfChanged(this.jump, "hidden", !behind);
+    setIfChanged(this.jump, "textContent", count > 0 ? `${count} new event${count === 1 ? "" : "s"} ↓` : "Jump to the latest ↓");
   }
 
   updateEdge() {
-    this.edge.textContent = this.lo > 0 ? `Events before #${this.lo} load as you scroll up` : "The start of the session";
+    setIfChanged(this.edge, "textContent", this.lo > 0 ? `Events before #${this.lo} load as you scroll up` : "The start of the session");
   }
 
   // --- the live banner

@@ -9,6 +9,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from sessions.models import Event, Session
+from sessions.services import emit_event
 from tests.conftest import make_session
 from tests.e2e.conftest import log_in, screenshot
 from workbench.ids import new_id
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 LENGTH = 10_000
 MAX_NODES = 600
+FOLLOW_MOST = 60 + 5  # timeline.js: FOLLOW_NODES + FOLLOW_SLACK, the nodes kept while following the tail
 FIRST = "document.querySelector('#timeline > .ev').dataset.seq"
 LAST = "document.querySelector('#timeline > .ev:last-child').dataset.seq"
 
@@ -95,3 +97,30 @@ def test_scrolling_up_a_10000_event_session_loads_earlier_slices_and_keeps_the_p
     expect(target.locator(".lease-change")).to_have_text("Lease changed hands: epoch 1 → 2")
     assert page.locator("#timeline > .ev").count() <= MAX_NODES
     screenshot(page, "timeline-permalink")
+
+
+def test_following_a_live_session_keeps_few_nodes_and_scrolling_up_brings_the_rest_back(
+        page, live_server_url, operator):
+    session_id = make_session()
+    log_in(page, live_server_url, then=f"/sessions/{session_id}/")
+    page.wait_for_function("window.workbenchTimeline?.socket?.readyState === 1")
+    counts = []
+    for i in range(150):
+        emit_event(session_id, {"type": "agent.message", "content": [{"type": "text", "text": f"live {i}"}]})
+        if i % 10 == 9:
+            page.wait_for_selector(f"#seq-{i}", state="attached")
+            counts.append(page.locator("#timeline > .ev").count())
+    expect(page.locator("#seq-149")).to_be_in_viewport()
+    assert max(counts) <= FOLLOW_MOST, counts
+    assert page.locator("#seq-0").count() == 0, "following the tail, the oldest nodes were not dropped"
+
+    scroller = page.locator("#timeline-view .timeline-scroll")
+    for _ in range(10):
+        if page.locator("#seq-0").count():
+            break
+        first = seq_of(page, FIRST)
+        scroller.evaluate("scroller => { scroller.scrollTop = 0; }")
+        page.wait_for_function(f"Number({FIRST}) < {first}")
+    expect(page.locator("#seq-0")).to_be_attached()
+    assert page.locator("#timeline > .ev").count() == 150, "scrolled up, the page keeps up to 600 again"
+

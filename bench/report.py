@@ -126,7 +126,8 @@ def render_harness(data: dict[str, Any]) -> tuple[list[str], int, int]:
     out = [
         f"{plan.get('kills', '?')} kills of a streaming turn's worker (SIGKILL) with "
         f"LEASE_SECONDS={settings.get('lease_seconds', '?')}, SWEEP_SECONDS={settings.get('sweep_seconds', '?')}; "
-        f"{plan.get('calls', '?')} timed model calls per answer length against a zero-latency offline model.",
+        f"{plan.get('calls', '?')} timed model calls per answer against the offline model with no time to first "
+        "token (the judged 500-word answers stream at 500 tokens/s, the others all at once).",
         "",
     ]
     out += md_table(

@@ -49,23 +49,33 @@ _USED_KEYS = "SELECT 1 FROM agent_sessions_event WHERE session_id = %s AND idemp
 
 # The whole append as one statement, so that alone it is one round trip and its own transaction. The
 # UPDATE locks the session row; under READ COMMITTED it re-checks the epoch on the row's latest version
-# if it had to wait. A key already used, a stale epoch or a deleted session leaves `bump` empty, so
-# nothing is written (the caller then asks why). A key written by a transaction that committed while
-# this one waited for the lock is not in this statement's snapshot: the unique key then refuses the
+# if it had to wait. A stale epoch, a deleted session or (with keys) a key already used leaves `bump`
+# empty, so nothing is written (the caller then asks why). A key written by a transaction that committed
+# while this one waited for the lock is not in this statement's snapshot: the unique key then refuses the
 # insert, and the caller falls back to the statements above, which look again under the lock.
-APPEND = (
-    "WITH used AS (SELECT 1 FROM agent_sessions_event "
-    "WHERE session_id = %(session)s AND idempotency_key = ANY(%(keys)s::text[]) LIMIT 1), "
-    "bump AS (UPDATE agent_sessions_session SET next_seq = next_seq + %(count)s, updated_at = %(now)s, "
-    "status = COALESCE(%(status)s::text, status) "
-    "WHERE id = %(session)s AND deleted_at IS NULL AND NOT EXISTS (SELECT 1 FROM used) "
-    "AND (%(epoch)s::bigint IS NULL OR lease_epoch = %(epoch)s::bigint) RETURNING next_seq), "
-    f"inserted AS (INSERT INTO agent_sessions_event {_COLUMNS} "
-    "SELECT r.uid, %(session)s, bump.next_seq - %(count)s + r.n - 1, r.type, r.payload, %(now)s, r.key, "
-    "%(epoch)s::bigint FROM bump, unnest(%(uids)s::text[], %(types)s::text[], %(payloads)s::jsonb[], "
-    "%(event_keys)s::text[]) WITH ORDINALITY AS r(uid, type, payload, key, n) RETURNING id, seq) "
-    "SELECT (SELECT next_seq FROM bump), ARRAY(SELECT id FROM inserted ORDER BY seq)"
-)
+def _append_statement(keyed: bool) -> str:
+    # Keys are looked up one by one through the unique (session, key) index (the LIMIT keeps the lookup a
+    # nested loop). A plain `key = ANY(keys)`, or a join, was planned from a small table's statistics and
+    # kept (psycopg prepares the statement) as a pass over every index entry of the session, so appends
+    # slowed as the session grew. Appends without keys skip the lookup.
+    used = ("used AS (SELECT 1 FROM unnest(%(keys)s::varchar[]) AS k(key), LATERAL (SELECT 1 FROM "
+            "agent_sessions_event e WHERE e.session_id = %(session)s::varchar AND e.idempotency_key = k.key "
+            "LIMIT 1) AS hit LIMIT 1), ") if keyed else ""
+    return (
+        f"WITH {used}"
+        "bump AS (UPDATE agent_sessions_session SET next_seq = next_seq + %(count)s, updated_at = %(now)s, "
+        "status = COALESCE(%(status)s::text, status) WHERE id = %(session)s::varchar AND deleted_at IS NULL "
+        f"{'AND NOT EXISTS (SELECT 1 FROM used) ' if keyed else ''}"
+        "AND (%(epoch)s::bigint IS NULL OR lease_epoch = %(epoch)s::bigint) RETURNING next_seq), "
+        f"inserted AS (INSERT INTO agent_sessions_event {_COLUMNS} "
+        "SELECT r.uid, %(session)s, bump.next_seq - %(count)s + r.n - 1, r.type, r.payload, %(now)s, r.key, "
+        "%(epoch)s::bigint FROM bump, unnest(%(uids)s::text[], %(types)s::text[], %(payloads)s::jsonb[], "
+        "%(event_keys)s::text[]) WITH ORDINALITY AS r(uid, type, payload, key, n) RETURNING id, seq) "
+        "SELECT (SELECT next_seq FROM bump), ARRAY(SELECT id FROM inserted ORDER BY seq)"
+    )
+
+
+APPEND, APPEND_KEYED = _append_statement(keyed=False), _append_statement(keyed=True)
 _CURRENT_EPOCH = "SELECT lease_epoch FROM agent_sessions_session WHERE id = %s AND deleted_at IS NULL"
 
 
@@ -139,13 +149,13 @@ def emit_events(session_id: str, items: list[Item], *, epoch: int | None = None)
 
 def _append_at_once(db: Any, session_id: str, rows: list[tuple[str, str, dict[str, Any], str | None]], now: Any,
                     epoch: int | None) -> tuple[str, Any]:
-    """The append as the one statement `APPEND` on PostgreSQL, outside any transaction: `_append`'s outcomes,
+    """The append as one statement (`APPEND`, or `APPEND_KEYED`) on PostgreSQL, outside any transaction: `_append`'s outcomes,
     or ("look again", None) when a key or id turned out to be taken, for `_append` to settle under the lock."""
     statuses = [STATUS_BY_EVENT_TYPE[kind] for kind, *_ in rows if kind in STATUS_BY_EVENT_TYPE]
     keys = [key for *_, key in rows if key is not None]
     cursor = psycopg.Cursor(db.connection)
     try:
-        next_seq, ids = cursor.execute(APPEND, {
+        next_seq, ids = cursor.execute(APPEND_KEYED if keys else APPEND, {
             "session": session_id, "count": len(rows), "now": now, "epoch": epoch, "keys": keys,
             "status": statuses[-1] if statuses else None, "uids": [uid for _, uid, _, _ in rows],
             "types": [kind for kind, *_ in rows], "payloads": [Jsonb(body) for _, _, body, _ in rows],

@@ -251,3 +251,33 @@ def test_a_key_committed_while_an_append_waited_for_the_lock_returns_that_event(
     assert outcome["event"].seq == 0 and outcome["event"].payload["content"][0]["text"] == "first"
     assert [e.payload["content"][0]["text"] for e in get_events(session_id)] == ["first"]
     assert Session.objects.get(id=session_id).next_seq == 1
+
+
+@pytest.mark.django_db
+def test_the_prepared_append_finds_used_keys_by_index_lookups_not_a_pass_over_the_session():
+    """psycopg prepares the append; its generic plan, made while the table is small, must still look each
+    key up by (session, key), or appends slow down as a session grows."""
+    require(on_postgres(), "the plan is PostgreSQL's")
+    import re
+
+    from sessions.services.log import APPEND_KEYED
+
+    names: list[str] = []
+
+    def number(match: re.Match) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    sql = re.sub(r"%\((\w+)\)s", number, APPEND_KEYED)
+    types = {"session": "text", "keys": "text[]", "count": "int", "now": "timestamptz", "status": "text",
+             "epoch": "bigint", "uids": "text[]", "types": "text[]", "payloads": "jsonb[]", "event_keys": "text[]"}
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(f"PREPARE keyed_append({', '.join(types[n] for n in names)}) AS {sql}")
+        cursor.execute(f"EXPLAIN EXECUTE keyed_append({', '.join(['NULL'] * len(names))})")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("DEALLOCATE keyed_append")
+    lookup = re.search(r"Index Cond: \(\(session_id = \$\d+\) AND \(idempotency_key = ", plan)
+    assert lookup, plan
+    assert "Hash Join" not in plan and "Filter: ((idempotency_key)" not in plan, plan

@@ -41,28 +41,35 @@ def _queue_refill(environment_id: str) -> None:
 
 
 def pool_refill(environment_id: str) -> int:
-    """Provision until the environment's pool holds its size; returns how many were added."""
+    """Provision until the environment's pool holds its size; returns how many were added.
+
+    The rows are committed (provisioning) before their containers start, so that the reaper, in another
+    process, sees each container claimed: started inside this transaction, a container had no row the
+    reaper could see, and it was removed as an orphan while the refill went on to mark it ready.
+    """
     from sandboxes.hands import provider_name, provider_of, resources_for
 
     with transaction.atomic():
-        # The environment row's lock keeps two refills from overfilling the same pool.
+        # The environment row's lock keeps two refills from overfilling the same pool: each counts the
+        # sandboxes the other is still starting.
         environment = Environment.objects.select_for_update().filter(id=environment_id, deleted_at__isnull=True,
                                                                      archived_at__isnull=True).first()
         if environment is None:
             return 0
-        missing = pool_size(environment) - _free(environment).count()
-        added = 0
-        for _ in range(max(missing, 0)):
-            sandbox = Sandbox.objects.create(environment=environment, name="pooled", labels={"pooled": True},
-                                             provider=provider_name(environment))
-            try:
-                sandbox.handle = provider_of(sandbox).provision(resources_for(environment, sandbox))
-            except SandboxError as error:
-                logger.warning("warm pool of %s: provisioning failed: %s", environment_id, error)
-                sandbox.status = Sandbox.Status.DEAD
-                sandbox.save(update_fields=["status"])
-                break
-            sandbox.status = Sandbox.Status.READY
-            sandbox.save(update_fields=["handle", "status"])
-            added += 1
+        coming = Sandbox.objects.filter(environment=environment, session__isnull=True, labels__pooled=True,
+                                        status__in=(Sandbox.Status.READY, Sandbox.Status.PROVISIONING)).count()
+        rows = [Sandbox.objects.create(environment=environment, name="pooled", labels={"pooled": True},
+                                       provider=provider_name(environment))
+                for _ in range(max(pool_size(environment) - coming, 0))]
+    added = 0
+    for sandbox in rows:
+        try:
+            sandbox.handle = provider_of(sandbox).provision(resources_for(environment, sandbox))
+        except SandboxError as error:
+            logger.warning("warm pool of %s: provisioning failed: %s", environment_id, error)
+            Sandbox.objects.filter(id__in=[row.id for row in rows[added:]]).update(status=Sandbox.Status.DEAD)
+            break
+        sandbox.status = Sandbox.Status.READY
+        sandbox.save(update_fields=["handle", "status"])
+        added += 1
     return added

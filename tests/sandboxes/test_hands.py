@@ -153,6 +153,35 @@ def test_the_warm_pool_hands_out_a_ready_sandbox_and_refills(brains):
     assert Sandbox.objects.filter(session__isnull=True, status="ready").count() == 1
 
 
+def test_the_reaper_running_while_the_pool_refills_leaves_the_new_containers_alone(brains, engine, monkeypatch):
+    import threading
+
+    from sandboxes import hands
+    from tests.conftest import in_thread
+
+    environment_id = make_environment(config={"type": "cloud", "sandbox": {"warm_pool": 1}})
+    real = hands.provider_of
+
+    class ReapedRightAfter:
+        """The real provider; right after the container starts, the reaper runs (another connection)."""
+
+        def __init__(self, sandbox):
+            self.provider = real(sandbox)
+
+        def provision(self, resources):
+            handle = self.provider.provision(resources)
+            reaper = threading.Thread(target=in_thread, args=(lambda: reap_orphans(("docker",)),))
+            reaper.start()
+            reaper.join(60)
+            return handle
+
+    monkeypatch.setattr(hands, "provider_of", ReapedRightAfter)
+    assert pool_refill(environment_id) == 1
+    monkeypatch.setattr(hands, "provider_of", real)
+    [pooled] = Sandbox.objects.filter(environment_id=environment_id, session__isnull=True, status="ready")
+    assert engine.containers.get(pooled.handle).status == "running", "the reaper removed the pool's container"
+
+
 def test_no_container_is_left_behind_after_a_worker_dies_mid_call_and_the_reaper_runs(brains, engine):
     session_id = new_session()
     session_send_events(session_id, {"events": [{"type": "user.message", "content": [

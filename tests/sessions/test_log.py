@@ -188,6 +188,7 @@ def test_an_appended_event_is_broadcast_after_commit_stamped_with_session_and_se
 # Alone (outside a caller's transaction) an append on PostgreSQL is one statement; these run that path.
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_alone_an_append_sets_status_keeps_keys_and_refuses_a_stale_epoch():
     require(on_postgres(), "the one-statement append is PostgreSQL's")
@@ -211,6 +212,7 @@ def test_alone_an_append_sets_status_keeps_keys_and_refuses_a_stale_epoch():
         emit_event(session_id, message("gone"))
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_key_committed_while_an_append_waited_for_the_lock_returns_that_event():
     require(on_postgres(), "row locks and snapshots are PostgreSQL's")
@@ -253,6 +255,7 @@ def test_a_key_committed_while_an_append_waited_for_the_lock_returns_that_event(
     assert Session.objects.get(id=session_id).next_seq == 1
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db
 def test_the_prepared_append_finds_used_keys_by_index_lookups_not_a_pass_over_the_session():
     """psycopg prepares the append; its generic plan, made while the table is small, must still look each

@@ -51,7 +51,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # so that `python bench/harness.py` works as well as `python -m bench.harness`
     sys.path.insert(0, str(ROOT))
 
-from bench.log import machine_info, percentile, say, services, setup_django  # noqa: E402
+from bench.log import (  # noqa: E402
+    machine_info,
+    percentile,
+    save_figure,
+    say,
+    service_arguments,
+    services,
+    setup_django,
+)
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -603,10 +611,7 @@ def plot(path: Path, kills: list[Kill], answers: Answers, title: str) -> None:
     right.set_title("Harness overhead per model call")
     right.set_ylim(bottom=0)
     right.legend(fontsize=8)
-    figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path, title)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -624,16 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sweep-seconds", type=float, default=0.25, help="the workers' SWEEP_SECONDS (default 0.25)"
     )
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("BENCH_DATABASE_URL"),
-        help="use this PostgreSQL database instead of starting one (env BENCH_DATABASE_URL)",
-    )
-    parser.add_argument(
-        "--redis-url",
-        default=os.environ.get("BENCH_REDIS_URL"),
-        help="use this Redis instead of starting one (env BENCH_REDIS_URL)",
-    )
+    service_arguments(parser)
     parser.add_argument(
         "--note", default="", help="a remark saved with the results (e.g. what code was measured)"
     )

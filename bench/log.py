@@ -194,6 +194,50 @@ def services(database_url: str | None, redis_url: str | None) -> Iterator[tuple[
         yield database_url, redis_url
 
 
+@contextlib.contextmanager
+def daphne(env: dict[str, str], log_path: Path, *, append_log: bool = False, timeout: float = 60) -> Iterator[str]:
+    """Daphne serving `workbench.asgi` on a free loopback port with `env`; its URL once /healthz answers."""
+    import httpx
+
+    url = f"http://127.0.0.1:{free_port()}"
+    with open(log_path, "ab" if append_log else "wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", url.rsplit(":", 1)[1],
+                                    "workbench.asgi:application"], cwd=ROOT, env=env, stdout=log, stderr=log)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                        break
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"Daphne did not start; see {log_path}")
+                time.sleep(0.1)
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def service_arguments(parser: argparse.ArgumentParser) -> None:
+    """--database-url and --redis-url: a benchmark's own PostgreSQL and Redis unless given."""
+    parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
+                        help="use this PostgreSQL database instead of starting one (env BENCH_DATABASE_URL)")
+    parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL"),
+                        help="use this Redis instead of starting one (env BENCH_REDIS_URL)")
+
+
+def save_figure(figure: Any, path: Path, title: str) -> None:
+    import matplotlib.pyplot as plt
+
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def setup_django(database_url: str, redis_url: str) -> None:
     os.environ.update(DATABASE_URL=database_url, REDIS_URL=redis_url, DJANGO_SETTINGS_MODULE="workbench.settings")
     import django
@@ -517,19 +561,13 @@ def plot(path: Path, cases: list[AppendCase], slices: list[SliceResult], title: 
     curves.set_ylabel("ms per get_events call")
     curves.set_title(f"Reading a {SLICE}-event slice")
     curves.legend(fontsize=8)
-    figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path, title)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: short runs, sessions up to 10^5")
-    parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
-                        help="use this PostgreSQL database instead of starting one (env BENCH_DATABASE_URL)")
-    parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL"),
-                        help="use this Redis instead of starting one (env BENCH_REDIS_URL)")
+    service_arguments(parser)
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else DEFAULT
     began = time.monotonic()

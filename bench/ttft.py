@@ -63,7 +63,16 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # so that `python bench/ttft.py` works as well as `python -m bench.ttft`
     sys.path.insert(0, str(ROOT))
 
-from bench.log import free_port, local_postgres, local_redis, machine_info, percentile, say, setup_django  # noqa: E402
+from bench.log import (  # noqa: E402
+    free_port,
+    local_postgres,
+    local_redis,
+    machine_info,
+    percentile,
+    save_figure,
+    say,
+    setup_django,
+)
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -1255,10 +1264,7 @@ def plot(
         twin.set_ylabel("sessions running")
         twin.set_ylim(bottom=0)
     over_time.legend(fontsize=7.5, loc="upper right")
-    figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path, title)
 
 
 # --- Main ---------------------------------------------------------------------------------------------------

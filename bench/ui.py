@@ -22,14 +22,11 @@ ui.png (ui-quick.* with --quick), and exits 0 whether or not the targets are met
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -39,7 +36,17 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # so that `python bench/ui.py` works as well as `python -m bench.ui`
     sys.path.insert(0, str(ROOT))
 
-from bench.log import free_port, machine_info, new_session, percentile, say, services, setup_django  # noqa: E402
+from bench.log import (  # noqa: E402
+    daphne,
+    machine_info,
+    new_session,
+    percentile,
+    save_figure,
+    say,
+    service_arguments,
+    services,
+    setup_django,
+)
 
 RESULTS = ROOT / "bench" / "results"
 CHROMIUM = "/usr/bin/chromium"
@@ -69,36 +76,6 @@ QUICK = Plan(opens=5, pages=20, rate=5.0, seconds=8.0, warmup=5)
 
 
 # --- The server -----------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def daphne(database_url: str, redis_url: str) -> Iterator[str]:
-    import httpx
-
-    port = free_port()
-    log = open(ROOT / ".bench-ui-daphne.log", "wb")  # noqa: SIM115 - closed below
-    env = dict(os.environ, DATABASE_URL=database_url, REDIS_URL=redis_url, DJANGO_SETTINGS_MODULE="workbench.settings",
-               PYTHONPATH=str(ROOT))
-    process = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                                "workbench.asgi:application"], cwd=ROOT, env=env, stdout=log, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"bench/ui: Daphne did not start; see {ROOT / '.bench-ui-daphne.log'}")
-            time.sleep(0.1)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
 
 
 # --- The data -------------------------------------------------------------------------------------------
@@ -320,10 +297,7 @@ def plot(path: Path, opens: list[Open], latencies: list[float], timeline: list[l
     late.set_ylabel("ms from the append to the node")
     late.set_title("Each event over the run")
     late.legend(fontsize=8)
-    figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path, title)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,10 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, help="appends per second (default 5)")
     parser.add_argument("--seconds", type=float, help="how long the appends go on")
     parser.add_argument("--opens", type=int, help="times the long session is opened")
-    parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
-                        help="use this PostgreSQL database instead of starting one (env BENCH_DATABASE_URL)")
-    parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL"),
-                        help="use this Redis instead of starting one (env BENCH_REDIS_URL)")
+    service_arguments(parser)
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else DEFAULT
     plan = Plan(opens=args.opens or plan.opens, pages=args.pages or plan.pages, rate=args.rate or plan.rate,
@@ -361,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         long_id = long_session(LONG_SESSION)
         live_id = new_session()
         connections.close_all()
-        with daphne(database_url, redis_url) as base, sync_playwright() as playwright:
+        env = dict(os.environ, DATABASE_URL=database_url, REDIS_URL=redis_url,
+                   DJANGO_SETTINGS_MODULE="workbench.settings", PYTHONPATH=str(ROOT))
+        with daphne(env, ROOT / ".bench-ui-daphne.log") as base, sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             state = log_in(browser, base)
             say(f"opening the {LONG_SESSION:,}-event session {plan.opens} times")

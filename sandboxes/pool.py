@@ -16,9 +16,13 @@ def pool_size(environment: Environment) -> int:
     return int((environment.config.get("sandbox") or {}).get("warm_pool", 0))
 
 
+def _pooled(environment: Environment):  # type: ignore[no-untyped-def]
+    """The environment's pool sandboxes no session holds."""
+    return Sandbox.objects.filter(environment=environment, session__isnull=True, labels__pooled=True)
+
+
 def _free(environment: Environment):  # type: ignore[no-untyped-def]
-    return Sandbox.objects.filter(environment=environment, session__isnull=True, status=Sandbox.Status.READY,
-                                  labels__pooled=True)
+    return _pooled(environment).filter(status=Sandbox.Status.READY)
 
 
 def pool_take(environment: Environment, *, session, name: str) -> Sandbox | None:  # type: ignore[no-untyped-def]
@@ -56,8 +60,7 @@ def pool_refill(environment_id: str) -> int:
                                                                      archived_at__isnull=True).first()
         if environment is None:
             return 0
-        coming = Sandbox.objects.filter(environment=environment, session__isnull=True, labels__pooled=True,
-                                        status__in=(Sandbox.Status.READY, Sandbox.Status.PROVISIONING)).count()
+        coming = _pooled(environment).filter(status__in=(Sandbox.Status.READY, Sandbox.Status.PROVISIONING)).count()
         rows = [Sandbox.objects.create(environment=environment, name="pooled", labels={"pooled": True},
                                        provider=provider_name(environment))
                 for _ in range(max(pool_size(environment) - coming, 0))]

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from django.db import connection
 
@@ -135,32 +134,11 @@ def redis_url() -> str:
 @pytest.fixture
 def live_server_url(transactional_db: Any, redis_url: str) -> Iterator[str]:
     """The real ASGI server (Daphne) on a free port, against the test database and Redis."""
-    port = free_port()
-    log = open(ROOT / ".pytest-daphne.log", "ab")  # noqa: SIM115 - closed below
-    process = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "workbench.asgi:application"],
-        cwd=ROOT, env=child_env(STREAM_CATCHUP_SECONDS="0.5", STREAM_PING_SECONDS="1"), stdout=log, stderr=log,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"daphne did not start; see {ROOT / '.pytest-daphne.log'}")
-            time.sleep(0.1)
+    from bench.log import daphne
+
+    env = child_env(STREAM_CATCHUP_SECONDS="0.5", STREAM_PING_SECONDS="1")
+    with daphne(env, ROOT / ".pytest-daphne.log", append_log=True, timeout=90) as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
 
 
 @pytest.fixture

@@ -149,15 +149,16 @@ def emit_events(session_id: str, items: list[Item], *, epoch: int | None = None)
 
 def _append_at_once(db: Any, session_id: str, rows: list[tuple[str, str, dict[str, Any], str | None]], now: Any,
                     epoch: int | None) -> tuple[str, Any]:
-    """The append as one statement (`APPEND`, or `APPEND_KEYED`) on PostgreSQL, outside any transaction: `_append`'s outcomes,
-    or ("look again", None) when a key or id turned out to be taken, for `_append` to settle under the lock."""
-    statuses = [STATUS_BY_EVENT_TYPE[kind] for kind, *_ in rows if kind in STATUS_BY_EVENT_TYPE]
+    """The append as one statement (`APPEND`, or `APPEND_KEYED`) on PostgreSQL, outside any transaction.
+
+    Returns `_append`'s outcomes, or ("look again", None) when a key or id turned out to be taken, for
+    `_append` to settle under the lock."""
     keys = [key for *_, key in rows if key is not None]
     cursor = psycopg.Cursor(db.connection)
     try:
         next_seq, ids = cursor.execute(APPEND_KEYED if keys else APPEND, {
             "session": session_id, "count": len(rows), "now": now, "epoch": epoch, "keys": keys,
-            "status": statuses[-1] if statuses else None, "uids": [uid for _, uid, _, _ in rows],
+            "status": _final_status(rows), "uids": [uid for _, uid, _, _ in rows],
             "types": [kind for kind, *_ in rows], "payloads": [Jsonb(body) for _, _, body, _ in rows],
             "event_keys": [key for *_, key in rows]}).fetchone()
     except psycopg.errors.UniqueViolation:
@@ -169,10 +170,8 @@ def _append_at_once(db: Any, session_id: str, rows: list[tuple[str, str, dict[st
         return "missing", None
     if epoch is not None and current[0][0] != epoch:
         return "stale", current[0][0]
-    existing = {e.idempotency_key: e for e in Event.objects.filter(session_id=session_id, idempotency_key__in=keys)}
-    if not existing:
-        return "look again", None
-    return "existing", [existing[key] for *_, key in rows if key in existing]
+    existing = _first_written(session_id, rows, keys)
+    return ("existing", existing) if existing else ("look again", None)
 
 
 def _append(db: Any, session_id: str, rows: list[tuple[str, str, dict[str, Any], str | None]], now: Any,
@@ -193,13 +192,13 @@ def _append(db: Any, session_id: str, rows: list[tuple[str, str, dict[str, Any],
         return "stale", lease_epoch
     keys = [key for *_, key in rows if key is not None]
     if keys and fetch(_USED_KEYS.format(", ".join(["%s"] * len(keys))), [session_id, *keys]):
-        existing = {e.idempotency_key: e for e in Event.objects.filter(session_id=session_id, idempotency_key__in=keys)}
+        existing = _first_written(session_id, rows, keys)
         if existing:
             fetch(_UNBUMP, [count, session_id])
-            return "existing", [existing[key] for *_, key in rows if key in existing]
-    statuses = [STATUS_BY_EVENT_TYPE[kind] for kind, *_ in rows if kind in STATUS_BY_EVENT_TYPE]
-    if statuses:
-        fetch(_SET_STATUS, [statuses[-1], session_id])
+            return "existing", existing
+    status = _final_status(rows)
+    if status:
+        fetch(_SET_STATUS, [status, session_id])
     first = next_seq - count
     params: list[Any] = []
     for offset, (kind, uid, body, key) in enumerate(rows):
@@ -207,6 +206,19 @@ def _append(db: Any, session_id: str, rows: list[tuple[str, str, dict[str, Any],
         params += [uid, session_id, first + offset, kind, payload, now, key, epoch]
     ids = fetch(insert_sql(count), params)
     return "new", _events(db, session_id, rows, first, [pk for (pk,) in ids], now, epoch)
+
+
+def _first_written(session_id: str, rows: list[tuple[str, str, dict[str, Any], str | None]],
+                   keys: list[str]) -> list[Event]:
+    """The events first written with these rows' keys, in the rows' order (none if no key was used)."""
+    existing = {e.idempotency_key: e for e in Event.objects.filter(session_id=session_id, idempotency_key__in=keys)}
+    return [existing[key] for *_, key in rows if key in existing]
+
+
+def _final_status(rows: list[tuple[str, str, dict[str, Any], str | None]]) -> str | None:
+    """The status the last status event among the rows sets, if any does."""
+    statuses = [STATUS_BY_EVENT_TYPE[kind] for kind, *_ in rows if kind in STATUS_BY_EVENT_TYPE]
+    return statuses[-1] if statuses else None
 
 
 def _events(db: Any, session_id: str, rows: list[tuple[str, str, dict[str, Any], str | None]], first: int,

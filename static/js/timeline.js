@@ -188,7 +188,7 @@ class Timeline {
     const following = stick && this.tail;
     const excess = this.list.childElementCount - (following ? FOLLOW_NODES : MAX_NODES);
     if (excess > (following ? FOLLOW_SLACK : 0)) this.drop("top", excess);
-    if (stick && this.tail) this.scrollToBottom();
+    if (following) this.scrollToBottom();
     else if (live) this.setUnseen(this.unseen + nodes.length);
   }
 

@@ -471,6 +471,13 @@ def flatness(slices: list[SliceResult]) -> dict[str, Any]:
 # --- Report ---------------------------------------------------------------------------------------------
 
 
+def cpu_pressure_us() -> float | None:
+    """Microseconds, since boot, that some runnable task waited for a CPU (Linux PSI), if the kernel says."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return float(Path("/proc/pressure/cpu").read_text().split()[4].split("=")[1])
+    return None
+
+
 def machine_info() -> dict[str, Any]:
     import django
     import psycopg

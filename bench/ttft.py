@@ -64,6 +64,7 @@ if str(ROOT) not in sys.path:  # so that `python bench/ttft.py` works as well as
     sys.path.insert(0, str(ROOT))
 
 from bench.log import (  # noqa: E402
+    cpu_pressure_us,
     free_port,
     local_postgres,
     local_redis,
@@ -864,13 +865,6 @@ def cpu_times() -> tuple[float, float]:
     """(total, idle + iowait) jiffies of the whole machine."""
     fields = [float(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     return sum(fields), fields[3] + fields[4]
-
-
-def cpu_pressure_us() -> float | None:
-    """Microseconds, since boot, that some runnable task waited for a CPU (Linux PSI), if the kernel says."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        return float(Path("/proc/pressure/cpu").read_text().split()[4].split("=")[1])
-    return None
 
 
 def process_cpu(

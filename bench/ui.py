@@ -26,7 +26,9 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
+from collections import defaultdict
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -37,6 +39,7 @@ if str(ROOT) not in sys.path:  # so that `python bench/ui.py` works as well as `
     sys.path.insert(0, str(ROOT))
 
 from bench.log import (  # noqa: E402
+    cpu_pressure_us,
     daphne,
     machine_info,
     new_session,
@@ -130,6 +133,7 @@ TAIL_VISIBLE = """(seq) => {
 
 OBSERVE = """() => {
   window.benchSeen = {};
+  performance.setResourceTimingBufferSize(100000);
   new MutationObserver((records) => {
     const now = Date.now();
     for (const record of records) for (const node of record.addedNodes) {
@@ -216,6 +220,106 @@ def append(session_id: str, plan: Plan) -> dict[int, float]:
     return stamps
 
 
+class Sampler(threading.Thread):
+    """Every half second while the appends run: how busy the machine's CPUs were, the share of time some task
+    waited for one (Linux PSI), time stolen by the hypervisor, and the cores each kind of process used."""
+
+    PERIOD = 0.5
+
+    def __init__(self) -> None:
+        super().__init__(name="bench-ui-sampler", daemon=True)
+        self.rows: list[dict[str, Any]] = []
+        self.stopping = threading.Event()
+        self.began = time.time()
+
+    @staticmethod
+    def _machine() -> tuple[list[float], float | None]:
+        fields = [float(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        return fields, cpu_pressure_us()
+
+    @staticmethod
+    def _processes() -> dict[str, float]:
+        """CPU seconds so far by kind: chromium, postgres, redis, this process, and other Python (Daphne)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        totals: dict[str, float] = defaultdict(float)
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                raw = (entry / "stat").read_text()
+            except OSError:
+                continue
+            comm = raw[raw.index("(") + 1: raw.rindex(")")]
+            seconds = sum(int(x) for x in raw[raw.rindex(")") + 2:].split()[11:13]) / tick
+            if int(entry.name) == os.getpid():
+                kind = "this bench"
+            elif comm.startswith(("chromium", "chrome")):
+                kind = Sampler._chromium_kind(entry)
+            elif comm.startswith("postgres"):
+                kind = "postgresql"
+            elif comm.startswith("redis"):
+                kind = "redis"
+            elif comm.startswith(("python", "daphne")):
+                kind = "daphne"
+            else:
+                continue
+            totals[kind] += seconds
+        return totals
+
+    @staticmethod
+    def _chromium_kind(entry: Path) -> str:
+        try:
+            # Chromium rewrites its children's command lines with spaces between the arguments.
+            arguments = (entry / "cmdline").read_bytes().replace(b"\0", b" ").split()
+        except OSError:
+            return "chromium: other"
+        kind = next((a.split(b"=", 1)[1].decode() for a in arguments if a.startswith(b"--type=")), "browser")
+        return {"renderer": "chromium: pages", "gpu-process": "chromium: gpu", "browser": "chromium: browser"
+                }.get(kind, "chromium: other")
+
+    def run(self) -> None:
+        before, waited = self._machine()
+        processes = self._processes()
+        while not self.stopping.wait(self.PERIOD):
+            now, now_waited = self._machine()
+            now_processes = self._processes()
+            elapsed = sum(now) - sum(before)  # jiffies of all CPUs
+            cores = len(os.sched_getaffinity(0))
+            if elapsed > 0:
+                idle = (now[3] + now[4]) - (before[3] + before[4])
+                steal = now[7] - before[7] if len(now) > 7 else 0.0
+                seconds = elapsed / os.sysconf("SC_CLK_TCK") / cores
+                self.rows.append({
+                    "t": round(time.time() - self.began, 2),
+                    "busy": round(1 - idle / elapsed, 3),
+                    "steal": round(steal / elapsed, 3),
+                    "pressure": None if waited is None or now_waited is None
+                    else round((now_waited - waited) / 1e6 / seconds, 3),
+                    "cores": {kind: round((now_processes.get(kind, 0) - processes.get(kind, 0)) / seconds, 2)
+                              for kind in now_processes},
+                })
+            before, waited, processes = now, now_waited, now_processes
+
+    def stop(self) -> list[dict[str, Any]]:
+        self.stopping.set()
+        self.join()
+        return self.rows
+
+
+FETCHES = """(url) => performance.getEntriesByType("resource")
+  .filter((entry) => entry.name.includes(url)).map((entry) => performance.timeOrigin + entry.startTime)"""
+
+
+def slice_fetches(pages: list[Any], since: float) -> list[float]:
+    """When (seconds after `since`) each page asked the server for a slice of events: the socket brought
+    every live event's node, so each is a catch-up run the page had to fetch."""
+    times = []
+    for page in pages:
+        url = page.evaluate("document.getElementById('timeline-view').dataset.eventsUrl")
+        times += [stamp / 1000 - since for stamp in page.evaluate(FETCHES, url) if stamp / 1000 >= since]
+    return sorted(round(t, 2) for t in times)
+
+
 def collect(pages: list[Any], stamps: dict[int, float], warmup: int
             ) -> tuple[list[float], int, list[float], list[list[float]]]:
     """Latencies in ms of every measured (page, seq), how many never showed, each page's p95, and per
@@ -263,13 +367,16 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(path: Path, opens: list[Open], latencies: list[float], timeline: list[list[float]], plan: Plan,
-         title: str) -> None:
+         title: str, machine_load: list[dict[str, Any]], fetches: list[float]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (left, right, late) = plt.subplots(1, 3, figsize=(17, 4.6))
+    axes = plt.figure(figsize=(17, 7.5)).subplot_mosaic([["open", "spread", "late"], ["open", "spread", "load"]],
+                                                         height_ratios=[3, 2])
+    left, right, late, load = axes["open"], axes["spread"], axes["late"], axes["load"]
+    figure = left.figure
     runs = range(1, len(opens) + 1)
     left.plot(runs, [o.visible_ms for o in opens], "o-", color="#3b6ea8", label="tail visible (page clock)")
     left.plot(runs, [o.first_byte_ms for o in opens], "o--", color="#b0b0b0", label="first byte")
@@ -297,6 +404,24 @@ def plot(path: Path, opens: list[Open], latencies: list[float], timeline: list[l
     late.set_ylabel("ms from the append to the node")
     late.set_title("Each event over the run")
     late.legend(fontsize=8)
+    if fetches:
+        late.plot(fetches, [late.get_ylim()[0] * 1.2] * len(fetches), "|", color="#a33", markersize=8,
+                  label="a page fetched a slice")
+        late.legend(fontsize=8)
+    times = [row["t"] for row in machine_load]
+    for kind, colour in (("chromium: pages", "#3b6ea8"), ("chromium: gpu", "#7fa6d6"),
+                         ("chromium: browser", "#9b59b6"), ("daphne", "#d08030"), ("postgresql", "#6a9a4a")):
+        load.plot(times, [row["cores"].get(kind, 0) for row in machine_load], color=colour, linewidth=1,
+                  label=f"{kind} (cores)")
+    load.plot(times, [len(os.sched_getaffinity(0)) * row["busy"] for row in machine_load], color="black", linewidth=0.8, linestyle="--",
+              label="all busy (cores)")
+    if any(row["pressure"] is not None for row in machine_load):
+        load.plot(times, [row["pressure"] or 0 for row in machine_load], color="#a33", linewidth=0.8,
+                  label="CPU pressure (share waiting)")
+    load.set_xlim(late.get_xlim())
+    load.set_xlabel("s into the append run")
+    load.set_title("The machine meanwhile")
+    load.legend(fontsize=7, ncol=2)
     save_figure(figure, path, title)
 
 
@@ -344,8 +469,15 @@ def main(argv: list[str] | None = None) -> int:
             say(f"appending {plan.warmup} + {int(plan.rate * plan.seconds)} events at {plan.rate:g}/s")
             # emit_event is synchronous ORM code; Playwright's loop in this thread is not the caller's.
             os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+            sampler = Sampler()
+            sampler.start()
             stamps = append(live_id, plan)
             latencies, missing, page_p95, timeline = collect(pages, stamps, plan.warmup)
+            machine_load = sampler.stop()
+            first = stamps[sorted(stamps)[plan.warmup]]
+            fetches = slice_fetches(pages, first)
+            for row in machine_load:  # the same clock as the timeline: seconds from the first measured append
+                row["t"] = round(row["t"] + sampler.began - first, 2)
             browser.close()
         connections.close_all()
         machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -366,7 +498,12 @@ def main(argv: list[str] | None = None) -> int:
     say("")
     say(report)
     say(f"never shown: {missing} of {len(latencies) + missing} (page, event); slowest page's p95: "
-        f"{max(page_p95):.0f} ms")
+        f"{max(page_p95):.0f} ms; slices the pages fetched during the run: {len(fetches)}")
+    if machine_load:
+        busy = sorted(row["busy"] for row in machine_load)
+        say(f"CPU busy over the run: median {busy[len(busy) // 2]:.0%}, highest {busy[-1]:.0%}; cores used on "
+            "average: " + ", ".join(f"{kind} {sum(r['cores'].get(kind, 0) for r in machine_load) / len(machine_load):.2f}"
+                                    for kind in sorted(machine_load[-1]["cores"])))
     met = sum(1 for row in rows if row["target"] and row["met"])
     say(f"targets met: {met} of 2" + ("" if met == 2 else " (a benchmark reports; exit status stays 0)"))
 
@@ -383,12 +520,14 @@ def main(argv: list[str] | None = None) -> int:
         "append_missing": missing,
         "append_page_p95_ms": [round(p, 1) for p in page_p95],
         "append_timeline": {"columns": ["s_into_run", "median_ms", "slowest_page_ms"], "rows": timeline},
+        "slice_fetches_s_into_run": fetches,
+        "machine_load": machine_load,
         "targets": {"met": met, "total": 2},
         "table": report,
     }
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     plot(RESULTS / f"{stem}.png", opens, latencies, timeline, plan,
-         f"bench/ui on {machine['nproc']} CPUs, Chromium, one Daphne, {machine['date']}")
+         f"bench/ui on {machine['nproc']} CPUs, Chromium, one Daphne, {machine['date']}", machine_load, fetches)
     say(f"wrote {RESULTS.relative_to(ROOT)}/{stem}.json and {stem}.png ({result['seconds']:.0f} s)")
     return 0
 

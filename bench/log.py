@@ -268,7 +268,7 @@ def _raw_append(conn: Any, session_id: str) -> None:
     body = dict(EVENT)
     event_type = body.pop("type")
     conn.execute(APPEND, {"session": session_id, "count": 1, "now": datetime.now(UTC), "epoch": None,
-                          "status": None, "uids": [new_id("sevt")], "types": [event_type],
+                          "open_only": False, "status": None, "uids": [new_id("sevt")], "types": [event_type],
                           "payloads": [Jsonb(body)], "event_keys": [None]}).fetchone()
 
 

@@ -16,14 +16,16 @@ logger = logging.getLogger(__name__)
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True,
              time_limit=settings.CELERY_TASK_TIME_LIMIT, soft_time_limit=settings.CELERY_TASK_SOFT_TIME_LIMIT)
 def wake(session_id: str, by: str = "event") -> str:
-    """Continue a session from its log. Safe to run twice or at once: the lease admits one brain."""
+    """Continue a session from its log. Safe to run twice or at once: the lease admits one brain, and only
+    to a session that can still work (not deleted, archived or terminated)."""
     from harness.brain import run_brain
     from sessions.models import Session
 
-    session = Session.objects.filter(id=session_id, deleted_at__isnull=True).only("status", "archived_at").first()
-    if session is None or session.archived_at is not None or session.status == Session.Status.TERMINATED:
-        return "gone"
     outcome = run_brain(session_id, by=by)
+    if outcome == "busy" and not Session.objects.filter(
+            id=session_id, deleted_at__isnull=True, archived_at__isnull=True).exclude(
+            status=Session.Status.TERMINATED).exists():
+        outcome = "gone"
     logger.info("wake(%s): %s", session_id, outcome)
     return outcome
 

@@ -91,17 +91,20 @@ class _Publisher:
         config = settings.CHANNEL_LAYERS["default"].get("CONFIG", {})
         prefix = config.get("prefix", "asgi")
         client = redis.Redis.from_url(config["hosts"][0])
+        sent_at = -LINGER_SECONDS
         while True:
             batch = [self._queue.get()]
-            # Take what is already queued; when that shows a burst, linger a moment more so it costs one
-            # pipeline, not one round trip (and one fight for the GIL with the appending thread) each. A
-            # message that arrives alone (the first token of an answer, an event in a quiet session) goes
-            # out at once.
+            # Take what is already queued. In a burst (the last pipeline went out moments ago and more is
+            # queued) linger a moment more, so that it costs one pipeline, not one round trip (and one fight
+            # for the GIL with the appending threads) each. After a quiet moment whatever is queued goes out
+            # at once: the first token of an answer (its event_start and first delta), or an event in a
+            # quiet session, is what a user waits for.
             with contextlib.suppress(queue.Empty):
                 while len(batch) < 500 and batch[-1] is not None:
                     batch.append(self._queue.get_nowait())
-            deadline = time.monotonic() + LINGER_SECONDS
-            while 1 < len(batch) < 500 and None not in batch:
+            now = time.monotonic()
+            deadline = now + LINGER_SECONDS if now - sent_at < LINGER_SECONDS else now
+            while 1 < len(batch) < 500 and None not in batch and time.monotonic() < deadline:
                 try:
                     batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
@@ -112,6 +115,7 @@ class _Publisher:
                 pipeline.publish(f"{prefix}__group__{group}", _wire(layer, message))
             try:
                 pipeline.execute()
+                sent_at = time.monotonic()
             except redis.RedisError:
                 logger.warning("broadcast of %d messages failed; readers will catch up from the log", len(batch),
                                exc_info=True)

@@ -19,14 +19,12 @@ assert set(HARNESSES) == set(HARNESS_DESCRIPTIONS), "every harness needs a descr
 def harness_for(brain: Brain) -> Harness:
     """The session's harness: the last `brain.harness_switched` in its log, else the agent's own.
 
-    The environment's provisioning mode is read in the same query, for the brain's eager hand.
+    The agent and the environment (its provisioning mode, for the brain's eager hand) come with the lease.
     """
     from sandboxes.hands import provisioning_mode
-    from sessions.models import Session
 
-    agent, environment = Session.objects.values_list("agent_snapshot", "environment__config").get(
-        id=brain.session_id)
-    brain.provisioning = provisioning_mode(environment or {})
+    agent = brain.lease.agent
+    brain.provisioning = provisioning_mode(brain.lease.environment)
     name = brain.state.harness or agent.get("harness") or "claude"
     return HARNESSES[name](agent)
 

@@ -13,7 +13,7 @@ from harness.registry import validate_harness_name
 from sandboxes.environments import get_environment
 from sessions.event_types import validate_sendable
 from sessions.models import Event, Session
-from sessions.services.log import SessionNotFound, emit_event
+from sessions.services.log import SessionClosed, SessionNotFound, emit_event, emit_events
 from workbench.api.errors import InvalidRequest, NotFound
 from workbench.api.validation import expect, metadata, no_unknown_fields, patch_metadata, text
 from workbench.ids import new_id
@@ -149,19 +149,23 @@ def _append_user_events(session: Session, events: list[dict[str, Any]]) -> list[
     return created
 
 
-def _writable(session_id: str) -> Session:
-    session = Session.objects.select_for_update().filter(id=session_id, deleted_at__isnull=True).first()
+def _check_open(session_id: str) -> None:
+    session = Session.objects.filter(id=session_id, deleted_at__isnull=True).only("archived_at", "status").first()
     if session is None:
-        raise NotFound(f"No session with id {session_id!r}.")
+        raise NotFound(str(SessionNotFound(session_id)))
     if session.archived_at is not None:
-        raise InvalidRequest(f"Session {session_id} is archived; it takes no more events.")
+        raise InvalidRequest(str(SessionClosed(session_id, "archived")))
     if session.status == Session.Status.TERMINATED:
-        raise InvalidRequest(f"Session {session_id} is terminated; it takes no more events.")
-    return session
+        raise InvalidRequest(str(SessionClosed(session_id, "terminated")))
 
 
 def session_send_events(session_id: str, body: dict[str, Any]) -> list[Event]:
-    """All the events or none: each is checked before any is written."""
+    """All the events or none: each is checked before any is written.
+
+    They go in with one append, which also sets the session running when they give its brain work, and
+    which an archived or terminated session refuses. The events they refer to are checked first: the log
+    is append-only, so an event found then is still there when the append runs.
+    """
     no_unknown_fields(body, ("events",), "body")
     if "events" not in body:
         raise InvalidRequest("'events' is required: a list of events to send.")
@@ -169,10 +173,20 @@ def session_send_events(session_id: str, body: dict[str, Any]) -> list[Event]:
     if not events:
         raise InvalidRequest("'events' must hold at least one event.")
     events = [validate_sendable(event, f"events[{i}]") for i, event in enumerate(events)]
-    with transaction.atomic():
-        session = _writable(session_id)
+    if any(key in event for event in events for key in REFERENCES):
+        _check_open(session_id)  # a missing or closed session is what to report, not a reference it cannot hold
         _check_references(session_id, events)
-        return _append_user_events(session, events)
+    kinds = {event["type"] for event in events}
+    try:
+        created = emit_events(session_id, [(event, None) for event in events],
+                              status=Session.Status.RUNNING if kinds & RUNNING_TYPES else None, open_only=True)
+    except SessionNotFound as missing:
+        raise NotFound(str(missing)) from None
+    except SessionClosed as closed:
+        raise InvalidRequest(str(closed)) from None
+    if kinds & WAKING_TYPES:
+        _queue_wake(session_id)
+    return created
 
 
 def session_create(body: dict[str, Any]) -> Session:

@@ -30,6 +30,14 @@ class SessionNotFound(LookupError):
         self.session_id = session_id
 
 
+class SessionClosed(Exception):
+    """The session is archived or terminated: it takes no more events from users."""
+
+    def __init__(self, session_id: str, state: str):
+        super().__init__(f"Session {session_id} is {state}; it takes no more events.")
+        self.session_id, self.state = session_id, state
+
+
 class StaleEpoch(Exception):
     """The writer's lease was taken over by another brain; the writer must stop."""
 
@@ -41,16 +49,17 @@ class StaleEpoch(Exception):
 _COLUMNS = "(uid, session_id, seq, type, payload, processed_at, idempotency_key, lease_epoch)"
 _LOCK_AND_BUMP = (
     "UPDATE agent_sessions_session SET next_seq = next_seq + %s, updated_at = %s "
-    "WHERE id = %s AND deleted_at IS NULL RETURNING next_seq, lease_epoch"
+    "WHERE id = %s AND deleted_at IS NULL RETURNING next_seq, lease_epoch, archived_at, status"
 )
 _UNBUMP = "UPDATE agent_sessions_session SET next_seq = next_seq - %s WHERE id = %s RETURNING next_seq"
 _SET_STATUS = "UPDATE agent_sessions_session SET status = %s WHERE id = %s RETURNING id"
 _USED_KEYS = "SELECT 1 FROM agent_sessions_event WHERE session_id = %s AND idempotency_key IN ({}) LIMIT 1"
 
 # The whole append as one statement, so that alone it is one round trip and its own transaction. The
-# UPDATE locks the session row; under READ COMMITTED it re-checks the epoch on the row's latest version
-# if it had to wait. A stale epoch, a deleted session or (with keys) a key already used leaves `bump`
-# empty, so nothing is written (the caller then asks why). A key written by a transaction that committed
+# UPDATE locks the session row; under READ COMMITTED it re-checks the epoch (and, for a user's events,
+# that the session is open) on the row's latest version if it had to wait. A stale epoch, a deleted or
+# closed session or (with keys) a key already used leaves `bump` empty, so nothing is written (the
+# caller then asks why). A key written by a transaction that committed
 # while this one waited for the lock is not in this statement's snapshot: the unique key then refuses the
 # insert, and the caller falls back to the statements above, which look again under the lock.
 def _append_statement(keyed: bool) -> str:
@@ -66,7 +75,8 @@ def _append_statement(keyed: bool) -> str:
         "bump AS (UPDATE agent_sessions_session SET next_seq = next_seq + %(count)s, updated_at = %(now)s, "
         "status = COALESCE(%(status)s::text, status) WHERE id = %(session)s::varchar AND deleted_at IS NULL "
         f"{'AND NOT EXISTS (SELECT 1 FROM used) ' if keyed else ''}"
-        "AND (%(epoch)s::bigint IS NULL OR lease_epoch = %(epoch)s::bigint) RETURNING next_seq), "
+        "AND (%(epoch)s::bigint IS NULL OR lease_epoch = %(epoch)s::bigint) "
+        "AND (NOT %(open_only)s::boolean OR (archived_at IS NULL AND status <> 'terminated')) RETURNING next_seq), "
         f"inserted AS (INSERT INTO agent_sessions_event {_COLUMNS} "
         "SELECT r.uid, %(session)s, bump.next_seq - %(count)s + r.n - 1, r.type, r.payload, %(now)s, r.key, "
         "%(epoch)s::bigint FROM bump, unnest(%(uids)s::text[], %(types)s::text[], %(payloads)s::jsonb[], "
@@ -76,7 +86,9 @@ def _append_statement(keyed: bool) -> str:
 
 
 APPEND, APPEND_KEYED = _append_statement(keyed=False), _append_statement(keyed=True)
-_CURRENT_EPOCH = "SELECT lease_epoch FROM agent_sessions_session WHERE id = %s AND deleted_at IS NULL"
+_CURRENT_STATE = (
+    "SELECT lease_epoch, archived_at, status FROM agent_sessions_session WHERE id = %s AND deleted_at IS NULL"
+)
 
 
 def insert_sql(count: int) -> str:
@@ -85,6 +97,7 @@ def insert_sql(count: int) -> str:
 
 
 Item = tuple[dict[str, Any], str | None]
+Rows = list[tuple[str, str, dict[str, Any], str | None]]  # (type, uid, payload, key) of each event
 
 
 def emit_event(
@@ -99,11 +112,14 @@ def emit_event(
     return emit_events(session_id, [(event, idempotency_key)], epoch=epoch)[0]
 
 
-def emit_events(session_id: str, items: list[Item], *, epoch: int | None = None) -> list[Event]:
+def emit_events(session_id: str, items: list[Item], *, epoch: int | None = None, status: str | None = None,
+                open_only: bool = False) -> list[Event]:
     """Append several events at consecutive seqs, all or none, with the statements of one append.
 
     Each item is `(event, idempotency_key)`. Keys are all-or-nothing too: a batch whose keys were used
-    returns the events first written with them.
+    returns the events first written with them. `status` sets the session's status with the append
+    (status events set their own). With `open_only` (a user's events) an archived or terminated session
+    refuses the append (`SessionClosed`, nothing written).
     """
     rows = []
     for event, key in items:
@@ -114,15 +130,17 @@ def emit_events(session_id: str, items: list[Item], *, epoch: int | None = None)
         rows.append((event_type, uid, body, key))
     db = connections[DEFAULT_DB_ALIAS]
     now = timezone.now()
+    how = {"session_id": session_id, "rows": rows, "now": now, "epoch": epoch,
+           "status": status or _final_status(rows), "open_only": open_only}
     try:
         if db.vendor == "postgresql" and not db.in_atomic_block:
             # Alone, an append is its own transaction: run it on psycopg's, skipping Django's bookkeeping.
             db.ensure_connection()
             with db.wrap_database_errors:
-                outcome, result = _append_at_once(db, session_id, rows, now, epoch)
+                outcome, result = _append_at_once(db, **how)
                 if outcome == "look again":
                     with db.connection.transaction():
-                        outcome, result = _append(db, session_id, rows, now, epoch)
+                        outcome, result = _append(db, **how)
             if outcome == "new":
                 for created in result:
                     publish_event(created)
@@ -130,7 +148,7 @@ def emit_events(session_id: str, items: list[Item], *, epoch: int | None = None)
             # Inside a caller's transaction no savepoint is taken: an append that is refused undoes its own
             # bump and raises only once its block is left, so the caller's transaction stays usable.
             with transaction.atomic(savepoint=False):
-                outcome, result = _append(db, session_id, rows, now, epoch)
+                outcome, result = _append(db, **how)
                 if outcome == "new":
                     for created in result:
                         transaction.on_commit(partial(publish_event, created))
@@ -144,11 +162,13 @@ def emit_events(session_id: str, items: list[Item], *, epoch: int | None = None)
         raise SessionNotFound(session_id)
     if outcome == "stale":
         raise StaleEpoch(session_id, epoch or 0, result)
+    if outcome == "closed":
+        raise SessionClosed(session_id, result)
     return result
 
 
-def _append_at_once(db: Any, session_id: str, rows: list[tuple[str, str, dict[str, Any], str | None]], now: Any,
-                    epoch: int | None) -> tuple[str, Any]:
+def _append_at_once(db: Any, *, session_id: str, rows: Rows, now: Any, epoch: int | None, status: str | None,
+                    open_only: bool) -> tuple[str, Any]:
     """The append as one statement (`APPEND`, or `APPEND_KEYED`) on PostgreSQL, outside any transaction.
 
     Returns `_append`'s outcomes, or ("look again", None) when a key or id turned out to be taken, for
@@ -158,45 +178,51 @@ def _append_at_once(db: Any, session_id: str, rows: list[tuple[str, str, dict[st
     try:
         next_seq, ids = cursor.execute(APPEND_KEYED if keys else APPEND, {
             "session": session_id, "count": len(rows), "now": now, "epoch": epoch, "keys": keys,
-            "status": _final_status(rows), "uids": [uid for _, uid, _, _ in rows],
+            "status": status, "open_only": open_only, "uids": [uid for _, uid, _, _ in rows],
             "types": [kind for kind, *_ in rows], "payloads": [Jsonb(body) for _, _, body, _ in rows],
             "event_keys": [key for *_, key in rows]}).fetchone()
     except psycopg.errors.UniqueViolation:
         return "look again", None
     if next_seq is not None:
         return "new", _events(db, session_id, rows, next_seq - len(rows), ids, now, epoch)
-    current = cursor.execute(_CURRENT_EPOCH, [session_id]).fetchall()
+    current = cursor.execute(_CURRENT_STATE, [session_id]).fetchall()
     if not current:
         return "missing", None
-    if epoch is not None and current[0][0] != epoch:
-        return "stale", current[0][0]
+    lease_epoch, archived_at, session_status = current[0]
+    if epoch is not None and lease_epoch != epoch:
+        return "stale", lease_epoch
+    if open_only and (closed := _closed(archived_at, session_status)):
+        return "closed", closed
     existing = _first_written(session_id, rows, keys)
     return ("existing", existing) if existing else ("look again", None)
 
 
-def _append(db: Any, session_id: str, rows: list[tuple[str, str, dict[str, Any], str | None]], now: Any,
-            epoch: int | None) -> tuple[str, Any]:
+def _append(db: Any, *, session_id: str, rows: Rows, now: Any, epoch: int | None, status: str | None,
+            open_only: bool) -> tuple[str, Any]:
     """The statements of one append, inside the caller's transaction.
 
     Returns ("new", events), ("existing", the events first written with the keys), ("stale", the current
-    epoch) or ("missing", None); a refused append has undone its bump.
+    epoch), ("closed", "archived" or "terminated") or ("missing", None); a refused append has undone its
+    bump.
     """
     fetch = _statements(db)
     count = len(rows)
     bumped = fetch(_LOCK_AND_BUMP, [count, now, session_id])
     if not bumped:
         return "missing", None
-    next_seq, lease_epoch = bumped[0]
+    next_seq, lease_epoch, archived_at, session_status = bumped[0]
     if epoch is not None and epoch != lease_epoch:
         fetch(_UNBUMP, [count, session_id])
         return "stale", lease_epoch
+    if open_only and (closed := _closed(archived_at, session_status)):
+        fetch(_UNBUMP, [count, session_id])
+        return "closed", closed
     keys = [key for *_, key in rows if key is not None]
     if keys and fetch(_USED_KEYS.format(", ".join(["%s"] * len(keys))), [session_id, *keys]):
         existing = _first_written(session_id, rows, keys)
         if existing:
             fetch(_UNBUMP, [count, session_id])
             return "existing", existing
-    status = _final_status(rows)
     if status:
         fetch(_SET_STATUS, [status, session_id])
     first = next_seq - count
@@ -208,20 +234,26 @@ def _append(db: Any, session_id: str, rows: list[tuple[str, str, dict[str, Any],
     return "new", _events(db, session_id, rows, first, [pk for (pk,) in ids], now, epoch)
 
 
-def _first_written(session_id: str, rows: list[tuple[str, str, dict[str, Any], str | None]],
+def _first_written(session_id: str, rows: Rows,
                    keys: list[str]) -> list[Event]:
     """The events first written with these rows' keys, in the rows' order (none if no key was used)."""
     existing = {e.idempotency_key: e for e in Event.objects.filter(session_id=session_id, idempotency_key__in=keys)}
     return [existing[key] for *_, key in rows if key in existing]
 
 
-def _final_status(rows: list[tuple[str, str, dict[str, Any], str | None]]) -> str | None:
+def _closed(archived_at: Any, status: str) -> str | None:
+    """Why a session takes no more events from users, if it does not."""
+    # (Not `archived_at IS NOT NULL` in SQL: SQLite 3.40 answered it wrong in an UPDATE's RETURNING.)
+    return "archived" if archived_at is not None else "terminated" if status == Session.Status.TERMINATED else None
+
+
+def _final_status(rows: Rows) -> str | None:
     """The status the last status event among the rows sets, if any does."""
     statuses = [STATUS_BY_EVENT_TYPE[kind] for kind, *_ in rows if kind in STATUS_BY_EVENT_TYPE]
     return statuses[-1] if statuses else None
 
 
-def _events(db: Any, session_id: str, rows: list[tuple[str, str, dict[str, Any], str | None]], first: int,
+def _events(db: Any, session_id: str, rows: Rows, first: int,
             ids: list[int], now: Any, epoch: int | None) -> list[Event]:
     """The appended rows as saved `Event`s, without reading them back."""
     created = []

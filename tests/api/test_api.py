@@ -172,6 +172,15 @@ def test_session_archive_and_delete_are_recorded_in_the_log(api):
     assert types == ["session.status_terminated", "session.deleted"]
 
 
+def test_events_sent_to_a_terminated_or_unknown_session_are_refused_and_nothing_is_written(api):
+    session_id = new_session(api)
+    Session.objects.filter(id=session_id).update(status="terminated")
+    refused = api.post(f"/v1/sessions/{session_id}/events", {"events": [user_message()]})
+    assert_error(refused, 400, "invalid_request_error", mentions="terminated")
+    assert not Event.objects.filter(session_id=session_id).exists()
+    assert_error(api.post("/v1/sessions/sesn_nope/events", {"events": [user_message()]}), 404, "not_found_error")
+
+
 def test_session_update_patches_and_records_session_updated(api):
     session_id = new_session(api)
     updated = api.post(f"/v1/sessions/{session_id}", {"title": "renamed", "metadata": {"k": "v"}}).json()

@@ -91,6 +91,20 @@ def test_wake_on_a_missing_or_archived_session_does_nothing(model_url):
     assert len(log(session_id)) == before
 
 
+def test_the_lease_brings_the_agent_and_environment_and_is_refused_to_a_closed_session(model_url):
+    from harness.lease import lease_acquire, lease_release
+    from sessions.models import Session
+
+    session_id = session_with()
+    lease = lease_acquire(session_id, owner="me", seconds=60)
+    session = Session.objects.select_related("environment").get(id=session_id)
+    assert lease.agent == session.agent_snapshot and lease.environment == (session.environment.config or {})
+    lease_release(lease)
+    Session.objects.filter(id=session_id).update(status="terminated")
+    assert lease_acquire(session_id, owner="me", seconds=60) is None
+    assert wake(session_id) == "gone"
+
+
 def test_a_second_brain_finds_the_lease_taken_and_writes_nothing(model_url):
     from harness.lease import lease_acquire
 

@@ -11,6 +11,7 @@ from django.db import connection, transaction
 from sessions.models import AppendOnlyError, Event, Session
 from sessions.selectors import get_events
 from sessions.services import SessionNotFound, StaleEpoch, emit_event
+from sessions.services.log import SessionClosed
 from tests.conftest import ROOT, child_env, in_thread, make_session, on_postgres, require
 
 
@@ -185,7 +186,37 @@ def test_an_appended_event_is_broadcast_after_commit_stamped_with_session_and_se
     assert second["seq"] == 1 and second["event"]["content"][0]["text"] == "b"
 
 
+def check_a_users_append_sets_status_and_a_closed_session_refuses_it() -> None:
+    from sessions.services import emit_events
+
+    session_id = make_session()
+    sent = emit_events(session_id, [(message("a"), None), (message("b"), None)], status="running", open_only=True)
+    assert [e.seq for e in sent] == [0, 1] and Session.objects.get(id=session_id).status == "running"
+    for field, value, state in (("archived_at", "2026-01-01T00:00:00Z", "archived"),
+                                ("status", "terminated", "terminated")):
+        closed = make_session()
+        emit_event(closed, message("before"))
+        Session.objects.filter(id=closed).update(**{field: value})
+        with pytest.raises(SessionClosed, match=state):
+            emit_events(closed, [(message("late"), None)], open_only=True)
+        assert Session.objects.get(id=closed).next_seq == 1 and [e.seq for e in get_events(closed)] == [0]
+        # A brain's own writes (a status event at close, say) are not a user's: they go in.
+        assert emit_events(closed, [(message("brain"), None)])[0].seq == 1
+
+
+@pytest.mark.django_db
+def test_inside_a_transaction_a_users_append_sets_status_and_a_closed_session_refuses_it():
+    check_a_users_append_sets_status_and_a_closed_session_refuses_it()
+
+
 # Alone (outside a caller's transaction) an append on PostgreSQL is one statement; these run that path.
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_alone_a_users_append_sets_status_and_a_closed_session_refuses_it():
+    require(on_postgres(), "the one-statement append is PostgreSQL's")
+    check_a_users_append_sets_status_and_a_closed_session_refuses_it()
 
 
 @pytest.mark.postgres
@@ -274,7 +305,8 @@ def test_the_prepared_append_finds_used_keys_by_index_lookups_not_a_pass_over_th
 
     sql = re.sub(r"%\((\w+)\)s", number, APPEND_KEYED)
     types = {"session": "text", "keys": "text[]", "count": "int", "now": "timestamptz", "status": "text",
-             "epoch": "bigint", "uids": "text[]", "types": "text[]", "payloads": "jsonb[]", "event_keys": "text[]"}
+             "epoch": "bigint", "open_only": "boolean", "uids": "text[]", "types": "text[]", "payloads": "jsonb[]",
+             "event_keys": "text[]"}
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         cursor.execute(f"PREPARE keyed_append({', '.join(types[n] for n in names)}) AS {sql}")

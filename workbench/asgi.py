@@ -1,10 +1,17 @@
 import os
+import sys
 from typing import Any
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "workbench.settings")
 django_asgi_app = get_asgi_application()
+
+from workbench.celery import GIL_SWITCH_SECONDS  # noqa: E402
+
+# The event loop's thread serves every socket and stream; a view's thread, or the broadcaster's, woken by
+# the database or Redis should not wait Python's default 5 ms for the loop to give up the GIL (and back).
+sys.setswitchinterval(GIL_SWITCH_SECONDS)
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402

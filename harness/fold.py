@@ -53,6 +53,9 @@ class SessionState:
     usage: dict[str, int] = field(default_factory=dict)
     # The epochs that wrote each seq, to tell whether an earlier brain may have started a tool.
     writers: list[tuple[int, int]] = field(default_factory=list)
+    # A sandbox event is in the log. Every hand a session gets (provisioned, from the pool, attached, passed
+    # to it) is logged there, so until one is, the session holds none and nobody needs to ask the database.
+    hands_seen: bool = False
 
     @property
     def pending_inputs(self) -> list[Event]:
@@ -124,4 +127,6 @@ def fold(events: Iterable[Event], state: SessionState | None = None) -> SessionS
                 call.confirmation = event
         elif kind == "brain.harness_switched":
             state.harness = payload.get("harness")
+        elif kind.startswith("sandbox."):
+            state.hands_seen = True
     return state

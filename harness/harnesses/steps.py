@@ -79,7 +79,8 @@ class CallModel:
         }
         system = self.system
         if any(tool.kind == "hands" for tool in self.tools.values()):
-            system = f"{system}\n\n{hands_note(brain.session_id)}" if system else hands_note(brain.session_id)
+            note = hands_note(brain.session_id, logged=brain.state.hands_seen)
+            system = f"{system}\n\n{note}" if system else note
         if system:
             request["system"] = system
         if self.tools:
@@ -188,10 +189,12 @@ def run_hand_tool(brain: Brain, name: str, value: dict[str, Any]) -> tuple[str, 
         return str(getattr(error, "message", error)), True
 
 
-def hands_note(session_id: str) -> str:
+def hands_note(session_id: str, *, logged: bool = True) -> str:
+    """What the model is told of its sandboxes. `logged`: the session's log has a sandbox event (without
+    one the session holds none, and the first model call of a session skips the query)."""
     from sandboxes.hands import held
 
-    hands = held(session_id)
+    hands = held(session_id) if logged else []
     if not hands:
         return "You hold no sandbox yet; your first tool call provisions one named 'main'."
     names = ", ".join(f"{hand.name!r}" for hand in hands)

@@ -169,3 +169,21 @@ def test_a_later_wake_reads_only_new_events_and_folds_the_same_state_as_a_fresh_
     assert [e.payload for e in events] == [e.payload for e in log(session_id)]
     [note] = [e for e in events if e.type == "system.message"]
     assert state.consumed_through > note.seq  # the second turn's model request saw it
+
+
+def test_the_hands_note_asks_the_database_only_once_the_log_shows_a_sandbox(django_assert_num_queries):
+    from harness.fold import fold
+    from harness.harnesses.steps import hands_note
+    from sessions.services import emit_event
+
+    session_id = session_with()
+    say(session_id, "hello")
+    state = fold(log(session_id))
+    assert not state.hands_seen
+    with django_assert_num_queries(0):
+        assert "no sandbox yet" in hands_note(session_id, logged=state.hands_seen)
+    emit_event(session_id, {"type": "sandbox.failed", "name": "main", "reason": "the engine is down"})
+    state = fold(log(session_id))
+    assert state.hands_seen
+    with django_assert_num_queries(1):
+        assert "no sandbox yet" in hands_note(session_id, logged=state.hands_seen)

@@ -51,7 +51,7 @@ class _KnownLogs:
         with self._lock:
             known = self._logs.pop(session_id, None)
         if known is None:
-            events = get_events(session_id)
+            events = events_after(session_id, -1, limit=None)
             return events, fold(events)
         events, state = known
         new = events_after(session_id, state.last_seq, limit=None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from django.db import transaction
@@ -124,10 +125,14 @@ def _check_references(session_id: str, events: list[dict[str, Any]]) -> None:
                 )
 
 
-def _queue_wake(session_id: str) -> None:
+def _wake(session_id: str) -> None:
     from harness.tasks import wake
 
-    transaction.on_commit(lambda: wake.delay(session_id))
+    wake.delay(session_id)
+
+
+def _queue_wake(session_id: str) -> None:
+    transaction.on_commit(partial(_wake, session_id))
 
 
 def queue_wake_if_pending(session_id: str) -> None:
@@ -178,15 +183,13 @@ def session_send_events(session_id: str, body: dict[str, Any]) -> list[Event]:
         _check_references(session_id, events)
     kinds = {event["type"] for event in events}
     try:
-        created = emit_events(session_id, [(event, None) for event in events],
-                              status=Session.Status.RUNNING if kinds & RUNNING_TYPES else None, open_only=True)
+        return emit_events(session_id, [(event, None) for event in events],
+                           status=Session.Status.RUNNING if kinds & RUNNING_TYPES else None, open_only=True,
+                           then=partial(_wake, session_id) if kinds & WAKING_TYPES else None)
     except SessionNotFound as missing:
         raise NotFound(str(missing)) from None
     except SessionClosed as closed:
         raise InvalidRequest(str(closed)) from None
-    if kinds & WAKING_TYPES:
-        _queue_wake(session_id)
-    return created
 
 
 def session_create(body: dict[str, Any]) -> Session:

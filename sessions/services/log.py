@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -113,13 +114,15 @@ def emit_event(
 
 
 def emit_events(session_id: str, items: list[Item], *, epoch: int | None = None, status: str | None = None,
-                open_only: bool = False) -> list[Event]:
+                open_only: bool = False, then: Callable[[], None] | None = None) -> list[Event]:
     """Append several events at consecutive seqs, all or none, with the statements of one append.
 
     Each item is `(event, idempotency_key)`. Keys are all-or-nothing too: a batch whose keys were used
     returns the events first written with them. `status` sets the session's status with the append
     (status events set their own). With `open_only` (a user's events) an archived or terminated session
-    refuses the append (`SessionClosed`, nothing written).
+    refuses the append (`SessionClosed`, nothing written). `then` runs once new events are committed,
+    before subscribers are told (a user's message queues the wake of its brain there: the brain's first
+    token is what the user waits for, and telling subscribers competes with it for this process).
     """
     rows = []
     for event, key in items:
@@ -142,14 +145,20 @@ def emit_events(session_id: str, items: list[Item], *, epoch: int | None = None,
                     with db.connection.transaction():
                         outcome, result = _append(db, **how)
             if outcome == "new":
-                for created in result:
-                    publish_event(created)
+                try:
+                    if then is not None:
+                        then()
+                finally:
+                    for created in result:
+                        publish_event(created)
         else:
             # Inside a caller's transaction no savepoint is taken: an append that is refused undoes its own
             # bump and raises only once its block is left, so the caller's transaction stays usable.
             with transaction.atomic(savepoint=False):
                 outcome, result = _append(db, **how)
                 if outcome == "new":
+                    if then is not None:
+                        transaction.on_commit(then)
                     for created in result:
                         transaction.on_commit(partial(publish_event, created))
     except IntegrityError:

@@ -316,3 +316,24 @@ def test_the_prepared_append_finds_used_keys_by_index_lookups_not_a_pass_over_th
     lookup = re.search(r"Index Cond: \(\(session_id = \$\d+\) AND \(idempotency_key = ", plan)
     assert lookup, plan
     assert "Hash Join" not in plan and "Filter: ((idempotency_key)" not in plan, plan
+
+
+@pytest.mark.django_db(transaction=True)
+def test_then_runs_once_the_events_are_committed_and_not_when_the_append_is_refused():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sessions.services import emit_events
+
+    session_id = make_session()
+    seen: list[int] = []
+
+    def then() -> None:  # what another connection sees at that moment
+        with ThreadPoolExecutor(1) as pool:
+            seen.append(pool.submit(in_thread, lambda: Event.objects.filter(session_id=session_id).count()).result())
+
+    emit_events(session_id, [(message("a"), None), (message("b"), None)], then=then)
+    assert seen == [2]
+    Session.objects.filter(id=session_id).update(status="terminated")
+    with pytest.raises(SessionClosed):
+        emit_events(session_id, [(message("c"), None)], open_only=True, then=then)
+    assert seen == [2]

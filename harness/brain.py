@@ -47,14 +47,23 @@ class _KnownLogs:
         self._logs: OrderedDict[str, tuple[list[Event], SessionState]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def take(self, session_id: str) -> tuple[list[Event], SessionState]:
+    def pop(self, session_id: str) -> tuple[list[Event], SessionState] | None:
+        """The session's known log and its fold, taken out (None if this process has not read it)."""
         with self._lock:
-            known = self._logs.pop(session_id, None)
+            return self._logs.pop(session_id, None)
+
+    def take(self, session_id: str) -> tuple[list[Event], SessionState]:
+        """The session's whole log and fold: the known prefix and a read of what follows it."""
+        known = self.pop(session_id)
+        return self.extend(known, events_after(session_id, -1 if known is None else known[1].last_seq, limit=None))
+
+    @staticmethod
+    def extend(known: tuple[list[Event], SessionState] | None, new: list[Event]
+               ) -> tuple[list[Event], SessionState]:
+        """A known log (or none) continued by the events that follow it."""
         if known is None:
-            events = events_after(session_id, -1, limit=None)
-            return events, fold(events)
+            return new, fold(new)
         events, state = known
-        new = events_after(session_id, state.last_seq, limit=None)
         events.extend(new)
         fold(new, state)
         return events, state
@@ -78,10 +87,11 @@ known_logs = _KnownLogs()
 
 
 class Brain:
-    def __init__(self, lease: Lease):
+    def __init__(self, lease: Lease, log: tuple[list[Event], SessionState] | None = None):
+        """`log`: the session's events and their fold, if the caller has them; else they are read."""
         self.lease = lease
         self.session_id = lease.session_id
-        self.events, self.state = known_logs.take(self.session_id)
+        self.events, self.state = log if log is not None else known_logs.take(self.session_id)
         self.provisioning: str | None = None  # the environment's lazy/eager mode, set by harness_for
         self.interrupted = threading.Event()
         self.lost = threading.Event()
@@ -242,10 +252,15 @@ def run_brain(session_id: str, *, by: str = "event") -> str:
     from harness.harnesses import harness_for, pending
 
     for _ in range(5):
-        lease = lease_acquire(session_id, owner=worker_name(), seconds=settings.LEASE_SECONDS)
+        # The lease brings what the log holds beyond the prefix this process knows (one round trip).
+        known = known_logs.pop(session_id)
+        lease = lease_acquire(session_id, owner=worker_name(), seconds=settings.LEASE_SECONDS,
+                              read_after=-1 if known is None else known[1].last_seq)
         if lease is None:
+            if known is not None:
+                known_logs.keep(session_id, *known)
             return "busy"  # another brain holds it; it re-checks for work after it releases
-        brain = Brain(lease)
+        brain = Brain(lease, known_logs.extend(known, lease.events))
         clean = False
         try:
             if lease.attempts > settings.WAKE_CRASH_LIMIT:

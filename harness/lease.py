@@ -7,12 +7,15 @@ idle. Every append carries the epoch, so a brain whose lease was taken over is r
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection
 from django.utils import timezone
+
+if TYPE_CHECKING:
+    from sessions.models import Event
 
 
 @dataclass(frozen=True)
@@ -24,28 +27,70 @@ class Lease:
     # What a brain starts from, read by the same statement: the session's agent, its environment's config.
     agent: dict[str, Any]
     environment: dict[str, Any]
+    # With `read_after`: the log's events after that seq, in order, as of taking the lease.
+    events: list[Event] = field(default_factory=list)
 
 
-def lease_acquire(session_id: str, *, owner: str, seconds: float) -> Lease | None:
-    """The lease, if the session is free (or its lease lapsed) and can still work: not deleted, archived
-    or terminated."""
+def _take(returning: str) -> str:
     from sandboxes.models import Environment
 
+    return (
+        "UPDATE agent_sessions_session SET lease_epoch = lease_epoch + 1, lease_owner = %s, "
+        "lease_expires_at = %s, wake_attempts = wake_attempts + 1 "
+        "WHERE id = %s AND deleted_at IS NULL AND archived_at IS NULL AND status <> 'terminated' "
+        "AND (lease_expires_at IS NULL OR lease_expires_at < %s) "
+        f"RETURNING {returning}lease_epoch, wake_attempts, agent_snapshot, (SELECT config FROM "
+        f"{Environment._meta.db_table} e WHERE e.id = agent_sessions_session.environment_id) AS environment"
+    )
+
+
+def _take_and_read() -> str:
+    """PostgreSQL: the lease and the log after a seq in one statement (one round trip on a wake's way to
+    its first model call). The read sees the log as the statement began."""
+    from sessions.models import Event
+
+    columns = ", ".join(f"ev.{name}" for name in EVENT_COLUMNS)
+    return (f"WITH lease AS ({_take('id, ')}) SELECT lease.lease_epoch, lease.wake_attempts, lease.agent_snapshot, "
+            f"lease.environment, {columns} FROM lease LEFT JOIN {Event._meta.db_table} ev "
+            "ON ev.session_id = lease.id AND ev.seq > %s ORDER BY ev.seq")
+
+
+EVENT_COLUMNS = ("id", "uid", "session_id", "seq", "type", "payload", "processed_at", "idempotency_key", "lease_epoch")
+
+
+def lease_acquire(session_id: str, *, owner: str, seconds: float, read_after: int | None = None) -> Lease | None:
+    """The lease, if the session is free (or its lease lapsed) and can still work: not deleted, archived
+    or terminated. With `read_after`, it brings the log's events after that seq (`Lease.events`)."""
+    from sessions.selectors import events_after
+
     now = timezone.now()
+    params = [owner, now + timedelta(seconds=seconds), session_id, now]
     with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE agent_sessions_session SET lease_epoch = lease_epoch + 1, lease_owner = %s, "
-            "lease_expires_at = %s, wake_attempts = wake_attempts + 1 "
-            "WHERE id = %s AND deleted_at IS NULL AND archived_at IS NULL AND status <> 'terminated' "
-            "AND (lease_expires_at IS NULL OR lease_expires_at < %s) "
-            f"RETURNING lease_epoch, wake_attempts, agent_snapshot, "
-            f"(SELECT config FROM {Environment._meta.db_table} e WHERE e.id = agent_sessions_session.environment_id)",
-            [owner, now + timedelta(seconds=seconds), session_id, now],
-        )
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    return Lease(session_id, row[0], owner, row[1], agent=_json(row[2]), environment=_json(row[3]) or {})
+        if read_after is not None and connection.vendor == "postgresql":
+            cursor.execute(_take_and_read(), [*params, read_after])
+            rows = cursor.fetchall()
+            if not rows:
+                return None
+            events = [_event(row[4:]) for row in rows if row[4] is not None]
+        else:
+            cursor.execute(_take(""), params)
+            rows = cursor.fetchall()
+            if not rows:
+                return None
+            events = [] if read_after is None else events_after(session_id, read_after, limit=None)
+    epoch, attempts, agent, environment = rows[0][:4]
+    return Lease(session_id, epoch, owner, attempts, agent=_json(agent), environment=_json(environment) or {},
+                 events=events)
+
+
+def _event(values: tuple[Any, ...]) -> Event:
+    from django.db import DEFAULT_DB_ALIAS
+
+    from sessions.models import Event
+
+    payload = EVENT_COLUMNS.index("payload")
+    return Event.from_db(DEFAULT_DB_ALIAS, list(EVENT_COLUMNS),
+                         (*values[:payload], _json(values[payload]), *values[payload + 1:]))
 
 
 def _json(value: Any) -> Any:

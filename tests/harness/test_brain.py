@@ -107,6 +107,21 @@ def test_the_lease_brings_the_agent_and_environment_and_is_refused_to_a_closed_s
     assert wake(session_id) == "gone"
 
 
+def test_a_lease_brings_the_log_after_a_seq_and_a_refused_one_brings_nothing(model_url):
+    from harness.lease import lease_acquire, lease_release
+
+    session_id = session_with()
+    for text in ("one", "two", "three"):
+        say(session_id, text)
+    lease = lease_acquire(session_id, owner="me", seconds=60, read_after=0)
+    assert [(e.seq, e.payload["content"][0]["text"]) for e in lease.events] == [(1, "two"), (2, "three")]
+    assert [e.pk for e in lease.events] == [e.pk for e in log(session_id)[1:]]
+    assert lease.events[0].processed_at == log(session_id)[1].processed_at
+    assert lease_acquire(session_id, owner="other", seconds=60, read_after=-1) is None
+    lease_release(lease)
+    assert lease_acquire(session_id, owner="me", seconds=60, read_after=2).events == []
+
+
 def test_a_second_brain_finds_the_lease_taken_and_writes_nothing(model_url):
     from harness.lease import lease_acquire
 
@@ -157,15 +172,16 @@ def test_a_later_wake_reads_only_new_events_and_folds_the_same_state_as_a_fresh_
     reads: list[tuple[str, list]] = []
 
     def note(execute, sql, params, many, context):
-        if re.search(r'FROM "?agent_sessions_event"? ', sql) and "INSERT" not in sql:
+        if re.search(r'(FROM|JOIN) "?agent_sessions_event"? ', sql) and "INSERT" not in sql:
             reads.append((sql, list(params or [])))
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(note):
         assert run_brain(session_id) == "idle"
-    # Every read of the log this wake asked for events after a seq it knew; none read the log from the start.
+    # Every read of the log this wake asked for events after a seq it knew (the first with the lease, on
+    # PostgreSQL in the same statement); none read the log from the start.
     assert reads and all(re.search(r'"?seq"? > %s', sql) for sql, _ in reads), reads
-    assert all(params[1] >= known_before for _, params in reads), reads
+    assert all(params[-1] >= known_before for _, params in reads), reads
     events, state = known_logs.take(session_id)
     fresh = fold(log(session_id))
     assert [e.seq for e in events] == list(range(len(log(session_id))))

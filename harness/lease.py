@@ -49,13 +49,16 @@ def _take_and_read() -> str:
     its first model call). The read sees the log as the statement began."""
     from sessions.models import Event
 
-    columns = ", ".join(f"ev.{name}" for name in EVENT_COLUMNS)
+    columns = ", ".join(f"ev.{name}" for name in _event_columns())
     return (f"WITH lease AS ({_take('id, ')}) SELECT lease.lease_epoch, lease.wake_attempts, lease.agent_snapshot, "
             f"lease.environment, {columns} FROM lease LEFT JOIN {Event._meta.db_table} ev "
             "ON ev.session_id = lease.id AND ev.seq > %s ORDER BY ev.seq")
 
 
-EVENT_COLUMNS = ("id", "uid", "session_id", "seq", "type", "payload", "processed_at", "idempotency_key", "lease_epoch")
+def _event_columns() -> list[str]:
+    from sessions.models import Event
+
+    return [column.attname for column in Event._meta.concrete_fields]
 
 
 def lease_acquire(session_id: str, *, owner: str, seconds: float, read_after: int | None = None) -> Lease | None:
@@ -71,7 +74,8 @@ def lease_acquire(session_id: str, *, owner: str, seconds: float, read_after: in
             rows = cursor.fetchall()
             if not rows:
                 return None
-            events = [_event(row[4:]) for row in rows if row[4] is not None]
+            columns = _event_columns()
+            events = [_event(columns, row[4:]) for row in rows if row[4] is not None]
         else:
             cursor.execute(_take(""), params)
             rows = cursor.fetchall()
@@ -83,13 +87,13 @@ def lease_acquire(session_id: str, *, owner: str, seconds: float, read_after: in
                  events=events)
 
 
-def _event(values: tuple[Any, ...]) -> Event:
+def _event(columns: list[str], values: tuple[Any, ...]) -> Event:
     from django.db import DEFAULT_DB_ALIAS
 
     from sessions.models import Event
 
-    payload = EVENT_COLUMNS.index("payload")
-    return Event.from_db(DEFAULT_DB_ALIAS, list(EVENT_COLUMNS),
+    payload = columns.index("payload")
+    return Event.from_db(DEFAULT_DB_ALIAS, columns,
                          (*values[:payload], _json(values[payload]), *values[payload + 1:]))
 
 

@@ -383,6 +383,14 @@ def render_ui(data: dict[str, Any]) -> tuple[list[str], int, int]:
     )
     if "append_missing" in data:
         out += [f"Appended events that never showed in a page: {data['append_missing']}.", ""]
+    load = data.get("machine_load") or []
+    if load:
+        kinds = sorted({kind for row in load for kind in row["cores"]})
+        cores = ", ".join(f"{kind} {sum(row['cores'].get(kind, 0) for row in load) / len(load):.2f}" for kind in kinds)
+        busy = sorted(row["busy"] for row in load)
+        out += [f"During the appends: CPU busy median {busy[len(busy) // 2]:.0%}, highest {busy[-1]:.0%}; cores used "
+                f"on average: {cores}; slices the pages had to fetch: {len(data.get('slice_fetches_s_into_run', []))}.",
+                ""]
     targets = data.get("targets", {})
     return out, targets.get("met", 0), targets.get("total", 0)
 

@@ -7,9 +7,13 @@ which event #9999 is inside the viewport; the server's share (the response's fir
 Append-to-visible: 20 pages (one browser, a context each, all logged in) show one live session; the bench process
 appends events with `emit_event` at a steady rate, each stamped with `time.time()` in its payload just
 before the append. A MutationObserver in every page records `Date.now()` when the event's node enters the
-timeline (the socket says the event exists, the page fetches its server-rendered fragment and inserts it).
-Both clocks are this machine's wall clock, so the difference is the latency: the commit, the broadcast,
-the socket, the fragment request and the insertion.
+timeline (the socket brings the event with its server-rendered node, and the page inserts it). Both clocks
+are this machine's wall clock, so the difference is the latency: the commit, the broadcast, the rendering,
+the socket and the insertion.
+
+While the appends run it samples the machine every half second (CPU busy, Linux's CPU pressure, time stolen
+by the hypervisor, the cores Chromium's pages, its GPU and browser processes, Daphne and PostgreSQL use) and
+records every slice a page had to fetch (Resource Timing), to tell a slow page from a starved machine.
 
 Usage: .venv/bin/python -m bench.ui [--quick] [--pages N] [--rate R] [--seconds S] [--opens N]
        [--database-url URL] [--redis-url URL]

@@ -84,7 +84,8 @@ class ToolsetBehaviour:
                 sandbox.bash(f"echo before; {endless}", timeout_ms=1000)
             assert time.monotonic() - started < 5
             assert "the shell is still usable" in str(raised.value)
-        assert sandbox.bash("pwd; echo $KEPT") == "/tmp\nyes"
+        kept = sandbox.bash("pwd; echo $KEPT")
+        assert kept == "/tmp\nyes", kept
 
     def test_the_timeout_error_carries_the_output_so_far(self, sandbox: Sandbox) -> None:
         with pytest.raises(ToolFailed) as raised:

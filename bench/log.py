@@ -471,6 +471,19 @@ def flatness(slices: list[SliceResult]) -> dict[str, Any]:
 # --- Report ---------------------------------------------------------------------------------------------
 
 
+def process_stats() -> Iterator[tuple[int, str, list[str]]]:
+    """Every process still there: its pid, its command name and the fields of /proc/<pid>/stat after the name
+    (state first; utime and stime are [11:13], with the children's [11:15])."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue
+        yield int(entry.name), raw[raw.index("(") + 1 : raw.rindex(")")], raw[raw.rindex(")") + 2 :].split()
+
+
 def cpu_pressure_us() -> float | None:
     """Microseconds, since boot, that some runnable task waited for a CPU (Linux PSI), if the kernel says."""
     with contextlib.suppress(OSError, ValueError, IndexError):

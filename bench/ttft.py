@@ -70,6 +70,7 @@ from bench.log import (  # noqa: E402
     local_redis,
     machine_info,
     percentile,
+    process_stats,
     save_figure,
     say,
     setup_django,
@@ -881,18 +882,9 @@ def process_cpu(
     totals: dict[str, float] = dict.fromkeys([*groups, *singles, "postgresql", "docker engine (shared)"], 0.0)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     totals["this client"] = usage.ru_utime + usage.ru_stime
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "stat").read_text()
-        except OSError:
-            continue
-        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
-        fields = raw[raw.rindex(")") + 2 :].split()
+    for pid, comm, fields in process_stats():
         ppid, pgrp = int(fields[1]), int(fields[2])
         seconds = sum(int(x) for x in fields[11:15]) / tick  # utime, stime, cutime, cstime
-        pid = int(entry.name)
         if pid in single:
             totals[single[pid]] += seconds
         elif pgrp in leaders:

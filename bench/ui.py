@@ -48,6 +48,7 @@ from bench.log import (  # noqa: E402
     machine_info,
     new_session,
     percentile,
+    process_stats,
     save_figure,
     say,
     service_arguments,
@@ -246,19 +247,12 @@ class Sampler(threading.Thread):
         """CPU seconds so far by kind: chromium, postgres, redis, this process, and other Python (Daphne)."""
         tick = os.sysconf("SC_CLK_TCK")
         totals: dict[str, float] = defaultdict(float)
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                raw = (entry / "stat").read_text()
-            except OSError:
-                continue
-            comm = raw[raw.index("(") + 1: raw.rindex(")")]
-            seconds = sum(int(x) for x in raw[raw.rindex(")") + 2:].split()[11:13]) / tick
-            if int(entry.name) == os.getpid():
+        for pid, comm, fields in process_stats():
+            seconds = sum(int(x) for x in fields[11:13]) / tick
+            if pid == os.getpid():
                 kind = "this bench"
             elif comm.startswith(("chromium", "chrome")):
-                kind = Sampler._chromium_kind(entry)
+                kind = Sampler._chromium_kind(pid)
             elif comm.startswith("postgres"):
                 kind = "postgresql"
             elif comm.startswith("redis"):
@@ -271,10 +265,10 @@ class Sampler(threading.Thread):
         return totals
 
     @staticmethod
-    def _chromium_kind(entry: Path) -> str:
+    def _chromium_kind(pid: int) -> str:
         try:
             # Chromium rewrites its children's command lines with spaces between the arguments.
-            arguments = (entry / "cmdline").read_bytes().replace(b"\0", b" ").split()
+            arguments = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").split()
         except OSError:
             return "chromium: other"
         kind = next((a.split(b"=", 1)[1].decode() for a in arguments if a.startswith(b"--type=")), "browser")

@@ -87,11 +87,11 @@ known_logs = _KnownLogs()
 
 
 class Brain:
-    def __init__(self, lease: Lease, log: tuple[list[Event], SessionState] | None = None):
-        """`log`: the session's events and their fold, if the caller has them; else they are read."""
+    def __init__(self, lease: Lease, log: tuple[list[Event], SessionState]):
+        """`log`: the session's events and their fold (the known prefix and what came with the lease)."""
         self.lease = lease
         self.session_id = lease.session_id
-        self.events, self.state = log if log is not None else known_logs.take(self.session_id)
+        self.events, self.state = log
         self.provisioning: str | None = None  # the environment's lazy/eager mode, set by harness_for
         self.interrupted = threading.Event()
         self.lost = threading.Event()

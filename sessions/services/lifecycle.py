@@ -144,14 +144,13 @@ def queue_wake_if_pending(session_id: str) -> None:
         _queue_wake(session_id)
 
 
-def _append_user_events(session: Session, events: list[dict[str, Any]]) -> list[Event]:
-    created = [emit_event(session.id, event) for event in events]
+def _append_user_events(session_id: str, events: list[dict[str, Any]], *, open_only: bool) -> list[Event]:
+    """A user's events in one append, which sets the session running when they give its brain work and
+    queues its wake once they are committed."""
     kinds = {event["type"] for event in events}
-    if kinds & RUNNING_TYPES and session.status != Session.Status.RUNNING:
-        Session.objects.filter(id=session.id).update(status=Session.Status.RUNNING)
-    if kinds & WAKING_TYPES:
-        _queue_wake(session.id)
-    return created
+    return emit_events(session_id, [(event, None) for event in events],
+                       status=Session.Status.RUNNING if kinds & RUNNING_TYPES else None, open_only=open_only,
+                       then=partial(_wake, session_id) if kinds & WAKING_TYPES else None)
 
 
 def _check_open(session_id: str) -> None:
@@ -181,11 +180,8 @@ def session_send_events(session_id: str, body: dict[str, Any]) -> list[Event]:
     if any(key in event for event in events for key in REFERENCES):
         _check_open(session_id)  # a missing or closed session is what to report, not a reference it cannot hold
         _check_references(session_id, events)
-    kinds = {event["type"] for event in events}
     try:
-        return emit_events(session_id, [(event, None) for event in events],
-                           status=Session.Status.RUNNING if kinds & RUNNING_TYPES else None, open_only=True,
-                           then=partial(_wake, session_id) if kinds & WAKING_TYPES else None)
+        return _append_user_events(session_id, events, open_only=True)
     except SessionNotFound as missing:
         raise NotFound(str(missing)) from None
     except SessionClosed as closed:
@@ -223,7 +219,7 @@ def session_create(body: dict[str, Any]) -> Session:
             budget=_budget(body.get("budget")),
         )
         if initial:
-            _append_user_events(session, initial)
+            _append_user_events(session.id, initial, open_only=False)
             session.refresh_from_db()
     return session
 

@@ -60,9 +60,9 @@ _USED_KEYS = "SELECT 1 FROM agent_sessions_event WHERE session_id = %s AND idemp
 # UPDATE locks the session row; under READ COMMITTED it re-checks the epoch (and, for a user's events,
 # that the session is open) on the row's latest version if it had to wait. A stale epoch, a deleted or
 # closed session or (with keys) a key already used leaves `bump` empty, so nothing is written (the
-# caller then asks why). A key written by a transaction that committed
-# while this one waited for the lock is not in this statement's snapshot: the unique key then refuses the
-# insert, and the caller falls back to the statements above, which look again under the lock.
+# caller then asks why). A key written by a transaction that committed while this one waited for the
+# lock is not in this statement's snapshot: the unique key then refuses the insert, and the caller falls
+# back to the statements above, which look again under the lock.
 def _append_statement(keyed: bool) -> str:
     # Keys are looked up one by one through the unique (session, key) index (the LIMIT keeps the lookup a
     # nested loop). A plain `key = ANY(keys)`, or a join, was planned from a small table's statistics and

@@ -1,15 +1,21 @@
-"""The persistent shell of a sandbox: one interactive bash on a pseudo-terminal, kept between calls.
+"""The persistent shell of a sandbox: one interactive bash with a pseudo-terminal, kept between calls.
 
 Why a terminal: with one, bash runs each command line as a job in its own process group and tells
 the terminal which group is in the foreground. A call that times out or is cancelled is stopped as by
-Ctrl-C at a keyboard (SIGINT to the foreground group, then SIGKILL), and bash comes back to its prompt
-with its working directory, variables and background jobs intact.
+Ctrl-C at a keyboard (SIGINT to the foreground job and to bash, then SIGKILL of the job), and bash
+comes back to its prompt with its working directory, variables and background jobs intact.
 
-No call's data goes through the terminal: bash sources the command from a file, with stdout and
-stderr redirected into the call's output file and stdin from /dev/null. The terminal carries only the
-prompt, set for each call to a marker holding the call's id and exit status: seeing it means the call
-is over. As on a terminal, a background job that ends while a command runs is announced by bash
-("[1]+ Done ...") in that command's output.
+Bash reads its command lines from a pipe, not from the terminal. Bash has a race: a Ctrl-C that
+reaches it while it starts a job can send it back to its prompt after the job has taken the
+terminal. Reading a terminal it does not hold gives bash EIO, which it takes for end of input, and it
+exits (status 130). This happened in about 2% of stopped `while true; do sleep 0.001; done` loops. A
+pipe is readable whoever holds the terminal, and bash takes the terminal back with its next job.
+
+No call's data goes through the terminal or the pipe: bash sources the command from a file, with
+stdout and stderr redirected into the call's output file and stdin from /dev/null. The terminal
+carries only the prompt, set for each call to a marker holding the call's id and exit status: seeing
+it means the call is over. As on a terminal, a background job that ends while a command runs is
+announced by bash ("[1]+ Done ...") in that command's output.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from .procs import kill_session
 
 CALLS_DIR = RUNTIME_DIR + "/calls"
 PROMPT = re.compile(rb"\x1eTB([0-9A-Za-z_-]+):(\d+)\x1f")
-# Escalation when a call must stop: Ctrl-C twice, then SIGKILL of the foreground job, then a new shell.
+# Escalation when a call must stop: Ctrl-C twice, then SIGKILL of the foreground job, then a new shell
+# if bash is not back at its prompt within this many seconds.
 INTERRUPT_GRACE_S = 3.0
 SETUP = (
     "unset HISTFILE PROMPT_COMMAND; set +o history; PS0=; PS2=; "
@@ -50,15 +57,17 @@ class Outcome:
 
 
 class _Bash:
-    """One bash process, its terminal, and a thread reading prompts off the terminal."""
+    """One bash process, its terminal, the pipe it reads commands from, and a thread reading prompts."""
 
     def __init__(self, *, cwd: str, env: dict[str, str]):
         self.cond = threading.Condition()
         self.prompts: dict[str, int] = {}
         self.exited = False
+        commands, self.commands = os.pipe()
         self.pid, self.master = os.forkpty()
         if self.pid == 0:  # the child: only exec from here
             try:
+                os.dup2(commands, 0)
                 os.chdir(cwd)
                 # Under memory pressure the kernel should kill the command, not the daemon.
                 with open("/proc/self/oom_score_adj", "w") as file:
@@ -66,6 +75,7 @@ class _Bash:
                 os.execvpe("bash", ["bash", "--noprofile", "--norc", "--noediting", "-i"], env)
             finally:
                 os._exit(127)
+        os.close(commands)
         threading.Thread(target=self._read_terminal, name="shell-terminal", daemon=True).start()
 
     def _read_terminal(self) -> None:
@@ -91,7 +101,9 @@ class _Bash:
             self.cond.notify_all()
 
     def send(self, line: str) -> None:
-        os.write(self.master, line.encode() + b"\n")
+        # A shell that has exited is noticed by the caller (`exited`), not here.
+        with contextlib.suppress(BrokenPipeError):
+            os.write(self.commands, line.encode() + b"\n")
 
     def wait_prompt(self, call_id: str, timeout_s: float) -> int | None:
         with self.cond:
@@ -123,8 +135,9 @@ class _Bash:
         """Kill the shell and every process started from it (its session), then close the terminal."""
         kill_session(self.pid)
         self.reap()
-        with contextlib.suppress(OSError):
-            os.close(self.master)
+        for fd in (self.commands, self.master):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 class Shell:
@@ -242,17 +255,23 @@ class Shell:
         return None
 
     def _interrupt(self, bash: _Bash, call_id: str, notes: list[str]) -> int | None:
-        """Stop the running command, keeping the shell if it comes back to its prompt in time."""
+        """Stop the running command, keeping the shell if it comes back to its prompt in time.
+
+        Each round is a Ctrl-C for bash itself as well as for the job in the foreground: a job that
+        ends as the signal comes (a loop of short commands) would otherwise miss it, and bash would
+        go on with the loop. From the third round the job is killed instead.
+        """
         deadline = time.monotonic() + INTERRUPT_GRACE_S
         attempt = 0
         while time.monotonic() < deadline and not bash.exited:
             group = bash.foreground_group()
-            # Never SIGKILL the shell's own group: with no job in the foreground, Ctrl-C is enough.
-            sig = signal.SIGKILL if attempt >= 2 and group != bash.pid else signal.SIGINT
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, sig)
+                os.kill(bash.pid, signal.SIGINT)
+                if group != bash.pid:
+                    os.killpg(group, signal.SIGKILL if attempt >= 2 else signal.SIGINT)
             status = bash.wait_prompt(call_id, 0.5)
             if status is not None:
+                self._kill_leftover_job(bash)
                 return status
             attempt += 1
         if bash.exited:
@@ -263,3 +282,15 @@ class Shell:
             f"[the command did not stop, so the shell was killed; the next command starts a new one: {RESET_NOTE}]"
         )
         return None
+
+    @staticmethod
+    def _kill_leftover_job(bash: _Bash) -> None:
+        """Kill the job a stopped command started as bash took the Ctrl-C, if one holds the terminal.
+
+        Bash can take a Ctrl-C just as it starts a job, and return to its prompt with that job running
+        in the foreground. Bash is at its prompt, so no job of a later command exists yet.
+        """
+        group = bash.foreground_group()
+        if group != bash.pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)

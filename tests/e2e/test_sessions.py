@@ -8,7 +8,7 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import make_agent, make_environment
+from tests.conftest import make_agent, make_environment, make_session
 from tests.e2e.conftest import TOOLSET, log_in, screenshot, send
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -114,6 +114,9 @@ def test_an_operator_starts_a_session_sees_the_answer_stream_in_runs_a_tool_and_
     page.select_option("select[name=status]", "")
     expect(page.locator("#session-rows tr", has_text="first contact")).to_be_visible()
     screenshot(page, "sessions-narrow", full_page=True)
+    # The list follows new sessions without a reload.
+    make_session(title="arrived while watching")
+    expect(page.locator("#session-rows tr", has_text="arrived while watching")).to_be_visible(timeout=10_000)
 
 
 def test_a_tool_that_asks_is_allowed_or_denied_and_a_custom_tool_is_answered_from_the_page(

@@ -47,6 +47,16 @@ def in_thread(function: Any) -> Any:
         connections.close_all()
 
 
+def remove_this_runs_containers(client: Any) -> None:
+    """Remove the containers this test run's sandboxes ran in. Only this run's (its deployment label):
+    another test run, or `make run`, may share the engine."""
+    from django.conf import settings
+
+    mine = ["workbench.managed=true", f"workbench.deployment={settings.WORKBENCH_DEPLOYMENT}"]
+    for container in client.containers.list(all=True, filters={"label": mine}):
+        container.remove(force=True)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

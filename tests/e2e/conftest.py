@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, require
+from tests.conftest import ROOT, remove_this_runs_containers, require
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -81,13 +81,17 @@ def operator(transactional_db: Any) -> Any:
 
 
 @pytest.fixture
-def docker_engine() -> None:
+def docker_engine() -> Iterator[None]:
+    """A Docker engine for the sessions' sandboxes; the containers they ran in are removed afterwards."""
     import docker
 
     try:
-        docker.from_env(version="auto").ping()
+        client = docker.from_env(version="auto")
+        client.ping()
     except docker.errors.DockerException as error:
         require(False, f"no Docker engine ({error}); `make test` starts one")
+    yield
+    remove_this_runs_containers(client)
 
 
 def log_in(page: Any, base_url: str, *, username: str = "operator", password: str = PASSWORD, then: str = "/") -> None:

@@ -19,7 +19,7 @@ from sandboxes.pool import pool_refill
 from sandboxes.reaper import reap_idle, reap_orphans
 from sessions.selectors import get_events
 from sessions.services.lifecycle import session_archive, session_create, session_send_events
-from tests.conftest import ROOT, child_env, make_agent, make_environment, require
+from tests.conftest import ROOT, child_env, make_agent, make_environment, remove_this_runs_containers, require
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TOOLSET = [{"type": "agent_toolset_20260401"}]
@@ -33,10 +33,7 @@ def engine():
     except docker.errors.DockerException as error:
         require(False, f"no Docker engine ({error}); `make test` starts one")
     yield client
-    # Only this run's: another test run, or `make run`, may share the engine.
-    mine = ["workbench.managed=true", f"workbench.deployment={settings.WORKBENCH_DEPLOYMENT}"]
-    for container in client.containers.list(all=True, filters={"label": mine}):
-        container.remove(force=True)
+    remove_this_runs_containers(client)
 
 
 @pytest.fixture

@@ -52,11 +52,6 @@ class _KnownLogs:
         with self._lock:
             return self._logs.pop(session_id, None)
 
-    def take(self, session_id: str) -> tuple[list[Event], SessionState]:
-        """The session's whole log and fold: the known prefix and a read of what follows it."""
-        known = self.pop(session_id)
-        return self.extend(known, events_after(session_id, -1 if known is None else known[1].last_seq, limit=None))
-
     @staticmethod
     def extend(known: tuple[list[Event], SessionState] | None, new: list[Event]
                ) -> tuple[list[Event], SessionState]:

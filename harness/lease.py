@@ -44,14 +44,14 @@ def _take(returning: str) -> str:
     )
 
 
-def _take_and_read() -> str:
-    """PostgreSQL: the lease and the log after a seq in one statement (one round trip on a wake's way to
-    its first model call). The read sees the log as the statement began."""
+def _take_and_read(columns: list[str]) -> str:
+    """PostgreSQL: the lease and the log's `columns` after a seq in one statement (one round trip on a wake's
+    way to its first model call). The read sees the log as the statement began."""
     from sessions.models import Event
 
-    columns = ", ".join(f"ev.{name}" for name in _event_columns())
+    selected = ", ".join(f"ev.{name}" for name in columns)
     return (f"WITH lease AS ({_take('id, ')}) SELECT lease.lease_epoch, lease.wake_attempts, lease.agent_snapshot, "
-            f"lease.environment, {columns} FROM lease LEFT JOIN {Event._meta.db_table} ev "
+            f"lease.environment, {selected} FROM lease LEFT JOIN {Event._meta.db_table} ev "
             "ON ev.session_id = lease.id AND ev.seq > %s ORDER BY ev.seq")
 
 
@@ -70,12 +70,12 @@ def lease_acquire(session_id: str, *, owner: str, seconds: float, read_after: in
     params = [owner, now + timedelta(seconds=seconds), session_id, now]
     with connection.cursor() as cursor:
         if read_after is not None and connection.vendor == "postgresql":
-            cursor.execute(_take_and_read(), [*params, read_after])
+            columns = _event_columns()
+            cursor.execute(_take_and_read(columns), [*params, read_after])
             rows = cursor.fetchall()
             if not rows:
                 return None
-            columns = _event_columns()
-            events = [_event(columns, row[4:]) for row in rows if row[4] is not None]
+            events = _events(columns, [row[4:] for row in rows if row[4] is not None])
         else:
             cursor.execute(_take(""), params)
             rows = cursor.fetchall()
@@ -87,14 +87,14 @@ def lease_acquire(session_id: str, *, owner: str, seconds: float, read_after: in
                  events=events)
 
 
-def _event(columns: list[str], values: tuple[Any, ...]) -> Event:
+def _events(columns: list[str], rows: list[tuple[Any, ...]]) -> list[Event]:
     from django.db import DEFAULT_DB_ALIAS
 
     from sessions.models import Event
 
     payload = columns.index("payload")
-    return Event.from_db(DEFAULT_DB_ALIAS, columns,
-                         (*values[:payload], _json(values[payload]), *values[payload + 1:]))
+    return [Event.from_db(DEFAULT_DB_ALIAS, columns, (*row[:payload], _json(row[payload]), *row[payload + 1:]))
+            for row in rows]
 
 
 def _json(value: Any) -> Any:

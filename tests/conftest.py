@@ -47,16 +47,6 @@ def in_thread(function: Any) -> Any:
         connections.close_all()
 
 
-def remove_this_runs_containers(client: Any) -> None:
-    """Remove the containers this test run's sandboxes ran in. Only this run's (its deployment label):
-    another test run, or `make run`, may share the engine."""
-    from django.conf import settings
-
-    mine = ["workbench.managed=true", f"workbench.deployment={settings.WORKBENCH_DEPLOYMENT}"]
-    for container in client.containers.list(all=True, filters={"label": mine}):
-        container.remove(force=True)
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -79,6 +69,25 @@ def child_env(**extra: str) -> dict[str, str]:
                DJANGO_SETTINGS_MODULE="workbench.settings", WORKBENCH_DEPLOYMENT=settings.WORKBENCH_DEPLOYMENT)
     env.update(extra)
     return env
+
+
+@pytest.fixture
+def docker_engine() -> Iterator[Any]:
+    """A client of the Docker engine the sessions' sandboxes run on. The containers this test run's sandboxes
+    ran in are removed afterwards: only this run's (its deployment label), as another test run, or `make
+    run`, may share the engine."""
+    import docker
+    from django.conf import settings
+
+    try:
+        client = docker.from_env(version="auto")
+        client.ping()
+    except docker.errors.DockerException as error:
+        require(False, f"no Docker engine ({error}); `make test` starts one")
+    yield client
+    mine = ["workbench.managed=true", f"workbench.deployment={settings.WORKBENCH_DEPLOYMENT}"]
+    for container in client.containers.list(all=True, filters={"label": mine}):
+        container.remove(force=True)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, remove_this_runs_containers, require
+from tests.conftest import ROOT, require
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -78,20 +78,6 @@ def operator(transactional_db: Any) -> Any:
     from django.contrib.auth.models import User
 
     return User.objects.create_user("operator", password=PASSWORD, is_staff=True)
-
-
-@pytest.fixture
-def docker_engine() -> Iterator[None]:
-    """A Docker engine for the sessions' sandboxes; the containers they ran in are removed afterwards."""
-    import docker
-
-    try:
-        client = docker.from_env(version="auto")
-        client.ping()
-    except docker.errors.DockerException as error:
-        require(False, f"no Docker engine ({error}); `make test` starts one")
-    yield
-    remove_this_runs_containers(client)
 
 
 def log_in(page: Any, base_url: str, *, username: str = "operator", password: str = PASSWORD, then: str = "/") -> None:

@@ -182,7 +182,7 @@ def test_a_later_wake_reads_only_new_events_and_folds_the_same_state_as_a_fresh_
     # PostgreSQL in the same statement); none read the log from the start.
     assert reads and all(re.search(r'"?seq"? > %s', sql) for sql, _ in reads), reads
     assert all(params[-1] >= known_before for _, params in reads), reads
-    events, state = known_logs.take(session_id)
+    events, state = known_logs.pop(session_id)
     fresh = fold(log(session_id))
     assert [e.seq for e in events] == list(range(len(log(session_id))))
     for name in ("status", "last_seq", "consumed_through", "idle_through", "harness", "usage"):

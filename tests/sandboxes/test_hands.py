@@ -6,7 +6,6 @@ import subprocess
 import sys
 import time
 
-import docker
 import pytest
 from django.conf import settings
 from django.test import override_settings
@@ -19,25 +18,14 @@ from sandboxes.pool import pool_refill
 from sandboxes.reaper import reap_idle, reap_orphans
 from sessions.selectors import get_events
 from sessions.services.lifecycle import session_archive, session_create, session_send_events
-from tests.conftest import ROOT, child_env, make_agent, make_environment, remove_this_runs_containers, require
+from tests.conftest import ROOT, child_env, make_agent, make_environment
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TOOLSET = [{"type": "agent_toolset_20260401"}]
 
 
 @pytest.fixture
-def engine():
-    try:
-        client = docker.from_env(version="auto")
-        client.ping()
-    except docker.errors.DockerException as error:
-        require(False, f"no Docker engine ({error}); `make test` starts one")
-    yield client
-    remove_this_runs_containers(client)
-
-
-@pytest.fixture
-def brains(offline_model, engine):
+def brains(offline_model, docker_engine):
     with override_settings(ANTHROPIC_BASE_URL=offline_model.base_url, SANDBOX_PROVIDER="docker"):
         model.client.cache_clear()
         yield offline_model
@@ -60,7 +48,7 @@ def results(events: list) -> list[tuple[str, bool]]:
     return [(e.payload["content"][0]["text"], e.payload["is_error"]) for e in events if e.type == "agent.tool_result"]
 
 
-def test_a_session_that_never_calls_a_tool_never_provisions(brains, engine):
+def test_a_session_that_never_calls_a_tool_never_provisions(brains, docker_engine):
     session_id = new_session()
     turn(session_id, "just talk")
     assert not Sandbox.objects.exists()
@@ -75,11 +63,11 @@ def test_coupled_mode_provisions_before_the_first_model_call(brains):
     assert kinds.index("sandbox.provisioned") < kinds.index("span.model_request_start")
 
 
-def test_a_killed_container_is_an_error_result_and_the_next_call_gets_a_new_sandbox(brains, engine):
+def test_a_killed_container_is_an_error_result_and_the_next_call_gets_a_new_sandbox(brains, docker_engine):
     session_id = new_session()
     assert results(turn(session_id, "/bash echo first")) == [("first", False)]
     [sandbox] = held(session_id)
-    engine.containers.get(sandbox.handle).kill()
+    docker_engine.containers.get(sandbox.handle).kill()
     [(text, is_error)] = results(turn(session_id, "/bash echo second"))
     assert is_error and "died" in text and "killed" in text
     [(text, is_error)] = results(turn(session_id, "/bash echo third"))
@@ -150,7 +138,7 @@ def test_the_warm_pool_hands_out_a_ready_sandbox_and_refills(brains):
     assert Sandbox.objects.filter(session__isnull=True, status="ready").count() == 1
 
 
-def test_the_reaper_running_while_the_pool_refills_leaves_the_new_containers_alone(brains, engine, monkeypatch):
+def test_the_reaper_running_while_the_pool_refills_leaves_the_new_containers_alone(brains, docker_engine, monkeypatch):
     import threading
 
     from sandboxes import hands
@@ -176,10 +164,10 @@ def test_the_reaper_running_while_the_pool_refills_leaves_the_new_containers_alo
     assert pool_refill(environment_id) == 1
     monkeypatch.setattr(hands, "provider_of", real)
     [pooled] = Sandbox.objects.filter(environment_id=environment_id, session__isnull=True, status="ready")
-    assert engine.containers.get(pooled.handle).status == "running", "the reaper removed the pool's container"
+    assert docker_engine.containers.get(pooled.handle).status == "running", "the reaper removed the pool's container"
 
 
-def test_no_container_is_left_behind_after_a_worker_dies_mid_call_and_the_reaper_runs(brains, engine):
+def test_no_container_is_left_behind_after_a_worker_dies_mid_call_and_the_reaper_runs(brains, docker_engine):
     session_id = new_session()
     session_send_events(session_id, {"events": [{"type": "user.message", "content": [
         {"type": "text", "text": "/bash sleep 60"}]}]})
@@ -194,13 +182,13 @@ def test_no_container_is_left_behind_after_a_worker_dies_mid_call_and_the_reaper
     time.sleep(0.5)
     worker.kill()
     worker.wait()
-    labelled = engine.containers.list(filters={"label": "workbench.managed=true"})
+    labelled = docker_engine.containers.list(filters={"label": "workbench.managed=true"})
     assert any(c.labels.get("workbench.sandbox") == held(session_id)[0].id for c in labelled)
-    orphan = engine.containers.run("workbench-sandbox:latest", "sleep 300", detach=True,
+    orphan = docker_engine.containers.run("workbench-sandbox:latest", "sleep 300", detach=True,
                                    labels={"workbench.managed": "true", "workbench.sandbox": "sbx_nobody",
                                            "workbench.environment": "env_orphan",
                                            "workbench.deployment": settings.WORKBENCH_DEPLOYMENT})
-    elsewhere = engine.containers.run("workbench-sandbox:latest", "sleep 300", detach=True,
+    elsewhere = docker_engine.containers.run("workbench-sandbox:latest", "sleep 300", detach=True,
                                       labels={"workbench.managed": "true", "workbench.sandbox": "sbx_theirs",
                                               "workbench.environment": "env_theirs",
                                               "workbench.deployment": "another-deployment"})
@@ -208,9 +196,9 @@ def test_no_container_is_left_behind_after_a_worker_dies_mid_call_and_the_reaper
     assert len(reap_idle()) == 1
     reap_orphans(("docker",))
     remaining = [c.labels.get("workbench.sandbox") for c in
-                 engine.containers.list(all=True, filters={"label": "workbench.managed=true"})]
-    assert orphan.id not in [c.id for c in engine.containers.list(all=True)]
-    assert elsewhere.id in [c.id for c in engine.containers.list(all=True)], "another deployment's is kept"
+                 docker_engine.containers.list(all=True, filters={"label": "workbench.managed=true"})]
+    assert orphan.id not in [c.id for c in docker_engine.containers.list(all=True)]
+    assert elsewhere.id in [c.id for c in docker_engine.containers.list(all=True)], "another deployment's is kept"
     elsewhere.remove(force=True)
     assert not [s for s in remaining if s and Sandbox.objects.filter(id=s, session_id=session_id).exists()]
 

@@ -179,7 +179,7 @@ def new_session(text: str | None) -> str:
     from sessions.services.lifecycle import session_create
 
     agent = agent_create({"name": "bench", "model": "claude-sonnet-5-5"}).agent_id
-    environment = environment_create({"name": "bench"}).id
+    environment = environment_create({"name": f"bench {agent}"}).id  # names are unique
     initial = [{"type": "user.message", "content": [{"type": "text", "text": text}]}] if text else []
     return session_create({"agent": agent, "environment_id": environment, "initial_events": initial}).id
 

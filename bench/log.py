@@ -254,7 +254,7 @@ def new_session() -> str:
     from sessions.services.lifecycle import session_create
 
     agent = agent_create({"name": "bench", "model": "claude-sonnet-5-5"}).agent_id
-    environment = environment_create({"name": "bench"}).id
+    environment = environment_create({"name": f"bench {agent}"}).id  # names are unique
     return session_create({"agent": agent, "environment_id": environment}).id
 
 

@@ -1449,6 +1449,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         redis_url = stack.enter_context(local_redis(folder))
         os.environ["WORKBENCH_DEPLOYMENT"] = deployment
+        os.environ["REPOSITORY_PLAIN_HOSTS"] = "127.0.0.1"  # the git daemon on loopback serves git://
         setup_django(database_url, redis_url)
         logging.getLogger().setLevel(logging.WARNING)
         from django.core.management import call_command

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from harness.tools import HAND_TOOL_POLICIES
 from workbench.api.errors import InvalidRequest
 from workbench.api.validation import MISSING, expect, metadata, no_unknown_fields, text
 
@@ -44,8 +45,9 @@ def _toolset(tool: dict[str, Any], where: str) -> dict[str, Any]:
         cwhere = f"{where}.configs[{i}]"
         expect(config, dict, cwhere)
         name = config.get("name")
-        if name not in TOOLSET_TOOLS:
-            raise InvalidRequest(f"{cwhere}.name must be one of {', '.join(TOOLSET_TOOLS)}, not {name!r}.")
+        if name not in TOOLSET_TOOLS and name not in HAND_TOOL_POLICIES:
+            raise InvalidRequest(f"{cwhere}.name must be one of {', '.join([*TOOLSET_TOOLS, *HAND_TOOL_POLICIES])}, "
+                                 f"not {name!r}.")
         given[name] = config
     configs = []
     for name in TOOLSET_TOOLS:
@@ -56,6 +58,13 @@ def _toolset(tool: dict[str, Any], where: str) -> dict[str, Any]:
             f"{where}.configs[{name}]", default["permission_policy"]["type"])
         extras = {k: v for k, v in config.items() if k not in ("name", "type", "enabled", "permission_policy")}
         configs.append({"name": name, "type": name, **resolved, **extras})
+    # Workbench's tools for the model's sandboxes are listed only when configured; each has its own default
+    # policy (passing a sandbox asks), not the toolset's.
+    for name, policy in HAND_TOOL_POLICIES.items():
+        if name in given:
+            no_unknown_fields(given[name], ("name", "type", "enabled", "permission_policy"), f"{where}.configs[{name}]")
+            configs.append({"name": name, "type": name,
+                            **_tool_config(given[name], f"{where}.configs[{name}]", policy)})
     return {"type": TOOLSET_TYPE, "default_config": default, "configs": configs}
 
 

@@ -255,12 +255,14 @@ def run_brain(session_id: str, *, by: str = "event") -> str:
             if known is not None:
                 known_logs.keep(session_id, *known)
             return "busy"  # another brain holds it; it re-checks for work after it releases
-        brain = Brain(lease, known_logs.extend(known, lease.events))
+        brain: Brain | None = None
         clean = False
         try:
             if lease.attempts > settings.WAKE_CRASH_LIMIT:
-                park(brain)
+                brain = park(lease, known)
             else:
+                # Folding the log is part of the wake: a log that cannot be folded is a crash like any other.
+                brain = Brain(lease, known_logs.extend(known, lease.events))
                 if lease.attempts > 1:
                     brain.emit({"type": "brain.recovered", "woken_by": by, "epoch": lease.epoch,
                                 "unfinished_wakes": lease.attempts - 1})
@@ -274,8 +276,11 @@ def run_brain(session_id: str, *, by: str = "event") -> str:
         except LeaseLost:
             return "lease lost"
         finally:
-            brain.close()
+            if brain is not None:
+                brain.close()
             lease_release(lease, clean=clean)
+        if brain is None:
+            return "parked"  # with a log no brain can fold: there is nothing to go on with
         # Work that arrived while the lease was held found it busy: look once more now that it is free.
         brain.refresh()
         known_logs.keep(session_id, brain.events, brain.state)
@@ -285,14 +290,40 @@ def run_brain(session_id: str, *, by: str = "event") -> str:
 
 
 def has_pending_work(session_id: str) -> bool:
+    """Whether the log shows work (the sweeper asks). A log that cannot be folded counts as work: the wake
+    it brings fails, and the crash limit then parks the session rather than leaving it running."""
     from harness.harnesses import pending
 
-    return pending(fold(get_events(session_id)))
+    events = get_events(session_id)
+    try:
+        return pending(fold(events))
+    except Exception:  # noqa: BLE001 - whatever the fold trips on, it is the brain's to count
+        logger.exception("the log of session %s cannot be folded", session_id)
+        return True
 
 
-def park(brain: Brain) -> None:
-    """Too many wakes in a row died: stop looping and tell the user, leaving the session idle."""
+def park(lease: Lease, known: tuple[list[Event], SessionState] | None) -> Brain | None:
+    """Too many wakes in a row died: stop looping and tell the user, leaving the session idle.
+
+    What kills the wakes may be in the log itself: a log that cannot be folded is parked as it stands, without
+    closing the request or calls it may hold open, and there is then no brain to go on with (None).
+    """
     limit = settings.WAKE_CRASH_LIMIT
+    error = {"type": "session.error", "error": {
+        "type": "unknown_error", "retry_status": {"type": "terminal"},
+        "message": f"The brain working this session stopped unexpectedly {limit} times in a row; the session is "
+                   "parked. Send a new message to try again."}}
+    parked = {"type": "brain.parked", "attempts": lease.attempts - 1}
+    idle = {"type": "session.status_idle", "stop_reason": {"type": "retries_exhausted"}}
+    try:
+        brain = Brain(lease, known_logs.extend(known, lease.events))
+    except Exception:  # noqa: BLE001 - the fold's failure is what parking is for
+        logger.exception("the log of session %s cannot be folded; it is parked as it stands", lease.session_id)
+        try:
+            emit_events(lease.session_id, [(error, None), (parked, None), (idle, None)], epoch=lease.epoch)
+        except StaleEpoch as stale:
+            raise LeaseLost() from stale
+        return None
     if brain.state.open_request is not None:
         start = brain.state.open_request
         brain.emit({"type": "span.model_request_end", "model_request_start_id": start.uid, "is_error": True,
@@ -302,10 +333,7 @@ def park(brain: Brain) -> None:
             brain.emit({"type": "agent.tool_result", "tool_use_id": call.id, "is_error": True, "content": [{
                 "type": "text", "text": "The session was parked after repeated worker crashes; this call's effect "
                                         "is unverified."}]}, key=f"{call.id}:result")
-    brain.emit({"type": "session.error", "error": {
-        "type": "unknown_error", "retry_status": {"type": "terminal"},
-        "message": f"The brain working this session stopped unexpectedly {limit} times in a row; the session is "
-                   "parked. Send a new message to try again."}})
-    brain.emit({"type": "brain.parked", "attempts": brain.lease.attempts - 1})
-    brain.emit({"type": "session.status_idle", "stop_reason": {"type": "retries_exhausted"},
-                "through_seq": brain.state.last_seq})
+    brain.emit(error)
+    brain.emit(parked)
+    brain.emit({**idle, "through_seq": brain.state.last_seq})
+    return brain

@@ -36,7 +36,7 @@ def _take(returning: str) -> str:
 
     return (
         "UPDATE agent_sessions_session SET lease_epoch = lease_epoch + 1, lease_owner = %s, "
-        "lease_expires_at = %s, wake_attempts = wake_attempts + 1 "
+        "lease_expires_at = %s, wake_attempts = wake_attempts + 1, wake_queued_at = NULL "
         "WHERE id = %s AND deleted_at IS NULL AND archived_at IS NULL AND status <> 'terminated' "
         "AND (lease_expires_at IS NULL OR lease_expires_at < %s) "
         f"RETURNING {returning}lease_epoch, wake_attempts, agent_snapshot, (SELECT config FROM "

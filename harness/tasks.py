@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from datetime import timedelta
 
-from celery import shared_task
+import redis
+from celery import current_app, shared_task
 from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
+from kombu import Connection
 
 logger = logging.getLogger(__name__)
+_producers = threading.local()
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True,
@@ -30,21 +35,80 @@ def wake(session_id: str, by: str = "event") -> str:
     return outcome
 
 
+def _broker() -> Connection:
+    """This thread's broker connection for wakes, with socket timeouts: a hung Redis answers within them."""
+    connection = getattr(_producers, "connection", None)
+    if connection is None:
+        timeout = settings.WAKE_PUBLISH_TIMEOUT_SECONDS
+        connection = _producers.connection = current_app.connection_for_write(transport_options={
+            **current_app.conf.broker_transport_options, "socket_timeout": timeout,
+            "socket_connect_timeout": timeout})
+    return connection
+
+
+def _drop_broker() -> None:
+    connection, _producers.connection = getattr(_producers, "connection", None), None
+    if connection is not None:
+        connection.release()
+
+
+def queue_wake(session_id: str, *, by: str = "event") -> bool:
+    """Put `wake(session_id)` on the broker, or give up within about WAKE_PUBLISH_TIMEOUT_SECONDS.
+
+    Called after the events that need the wake are committed: a broker that hangs or refuses must not turn
+    a committed request into a timeout or a 500 (which a client retries, appending again). A session whose
+    wake did not go out is running with no lease, and the sweeper wakes it. A connection that went stale
+    (Redis restarted) is replaced once, if there is time left.
+    """
+    give_up = time.monotonic() + settings.WAKE_PUBLISH_TIMEOUT_SECONDS
+    while True:
+        try:
+            wake.apply_async((session_id,), {} if by == "event" else {"by": by}, connection=_broker(),
+                             retry=False)
+            return True
+        except Exception as error:  # noqa: BLE001 - every broker failure means the same here
+            _drop_broker()
+            if time.monotonic() < give_up and not _timed_out(error):
+                continue
+            logger.warning("wake(%s) was not queued (%s: %s); the sweeper will wake the session", session_id,
+                           type(error).__name__, error)
+            return False
+
+
+def _timed_out(error: BaseException) -> bool:
+    while error is not None:
+        if isinstance(error, TimeoutError | redis.TimeoutError):
+            return True
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    return False
+
+
 @shared_task(ignore_result=True, time_limit=60, soft_time_limit=50)
 def sweep() -> int:
-    """Re-wake running sessions whose lease lapsed (their brain died): the log shows work left to do."""
+    """Re-wake running sessions whose lease lapsed (their brain died): the log shows work left to do.
+
+    At most one wake per session is queued: the mark it sets is cleared by the brain that takes the lease,
+    so a session whose wake waits behind busy workers is not queued again every sweep.
+    """
     from harness.brain import has_pending_work
     from sessions.models import Session
 
     now = timezone.now()
     lapsed = Q(lease_expires_at__lt=now) | Q(
         lease_expires_at__isnull=True, updated_at__lt=now - timedelta(seconds=2 * settings.LEASE_SECONDS))
+    unqueued = Q(wake_queued_at__isnull=True) | Q(
+        wake_queued_at__lt=now - timedelta(seconds=settings.WAKE_REQUEUE_SECONDS))
     candidates = Session.objects.filter(
-        lapsed, deleted_at__isnull=True, archived_at__isnull=True, status=Session.Status.RUNNING,
+        lapsed, unqueued, deleted_at__isnull=True, archived_at__isnull=True, status=Session.Status.RUNNING,
     ).values_list("id", flat=True)[:500]
     woken = 0
     for session_id in candidates:
-        if has_pending_work(session_id):
-            wake.delay(session_id, by="sweeper")
+        if not has_pending_work(session_id):
+            continue
+        if not Session.objects.filter(unqueued, id=session_id).update(wake_queued_at=now):
+            continue  # another sweeper queued it meanwhile
+        if queue_wake(session_id, by="sweeper"):
             woken += 1
+        else:
+            Session.objects.filter(id=session_id, wake_queued_at=now).update(wake_queued_at=None)
     return woken

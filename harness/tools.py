@@ -43,6 +43,11 @@ HAND_TOOLS: dict[str, dict[str, Any]] = {
             "name": {"type": "string"}, "to_session": {"type": "string"}}}},
 }
 
+# Their default permission policies. Passing a sandbox gives another session its files and running processes,
+# so the user confirms it unless the agent's toolset says otherwise (a `configs` entry named for the tool).
+HAND_TOOL_POLICIES = {"provision_sandbox": "always_allow", "release_sandbox": "always_allow",
+                      "transfer_sandbox": "always_ask"}
+
 # Running these twice has the effect of running them once, so recovery may re-run them.
 SAFE_TO_REPEAT = frozenset({"read", "glob", "grep", "write"})
 _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list,
@@ -61,20 +66,25 @@ def agent_tools(agent: dict[str, Any], *, only: frozenset[str] | None = None) ->
     tools: dict[str, Tool] = {}
     for entry in agent.get("tools") or []:
         if entry["type"] == "agent_toolset_20260401":
-            if only is None and any(c["name"] == "bash" and c["enabled"] for c in entry["configs"]):
+            configs = {config["name"]: config for config in entry["configs"]}
+            if only is None and configs.get("bash", {}).get("enabled"):
                 for name, schema in HAND_TOOLS.items():
-                    tools[name] = Tool(name, "hands", {"name": name, **schema}, "allow")
-            for config in entry["configs"]:
-                name = config["name"]
+                    config = configs.get(name) or {"enabled": True,
+                                                   "permission_policy": {"type": HAND_TOOL_POLICIES[name]}}
+                    if config["enabled"]:
+                        tools[name] = Tool(name, "hands", {"name": name, **schema}, _permission(config))
+            for name, config in configs.items():
                 if config["enabled"] and name in TOOLSET_SCHEMAS and (only is None or name in only):
-                    policy = config["permission_policy"]["type"]
-                    tools[name] = Tool(name, "toolset", {"name": name, **TOOLSET_SCHEMAS[name]},
-                                       "ask" if policy == "always_ask" else "allow")
+                    tools[name] = Tool(name, "toolset", {"name": name, **TOOLSET_SCHEMAS[name]}, _permission(config))
         elif entry["type"] == "custom" and (only is None or entry["name"] in only):
             tools[entry["name"]] = Tool(entry["name"], "custom", {
                 "name": entry["name"], "description": entry["description"], "input_schema": entry["input_schema"]},
                 "allow")
     return tools
+
+
+def _permission(config: dict[str, Any]) -> str:
+    return "ask" if config["permission_policy"]["type"] == "always_ask" else "allow"
 
 
 def input_problem(schema: dict[str, Any], value: Any, where: str = "input") -> str | None:

@@ -15,6 +15,7 @@ from sandboxes.environments import (
     get_environment,
 )
 from sandboxes.hands import (
+    MAX_NAME_LENGTH,
     sandbox_attach,
     sandbox_detach,
     sandbox_json,
@@ -93,7 +94,7 @@ def session_sandboxes_add(request: HttpRequest, session_id: str) -> dict[str, An
     body = request.json  # type: ignore[attr-defined]
     no_unknown_fields(body, ("name", "sandbox_id"), "sandbox")
     _session_or_404(session_id)
-    name = text(body, "name", min_length=1, max_length=64, default=None)
+    name = text(body, "name", min_length=1, max_length=MAX_NAME_LENGTH, default=None)
     if "sandbox_id" in body:
         return sandbox_json(sandbox_attach(text(body, "sandbox_id", min_length=1), session_id, name=name))
     try:

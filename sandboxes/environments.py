@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from django.db import transaction
+from django.conf import settings
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from sandboxes.models import Environment
-from workbench.api.errors import InvalidRequest, NotFound
+from workbench.api.errors import Conflict, InvalidRequest, NotFound
 from workbench.api.validation import expect, metadata, no_unknown_fields, patch_metadata, text
 
 PACKAGE_MANAGERS = ("apt", "cargo", "gem", "go", "npm", "pip")
@@ -21,8 +23,11 @@ def _networking(value: Any) -> dict[str, Any]:
         no_unknown_fields(value, ("type",), "config.networking")
         return {"type": "unrestricted"}
     if kind == "limited":
-        no_unknown_fields(value, ("type", "allowed_hosts", "allow_mcp_servers", "allow_package_managers"),
-                          "config.networking")
+        no_unknown_fields(
+            value,
+            ("type", "allowed_hosts", "allow_mcp_servers", "allow_package_managers"),
+            "config.networking",
+        )
         hosts = expect(value.get("allowed_hosts", []), list, "'config.networking.allowed_hosts'")
         for host in hosts:
             expect(host, str, "'config.networking.allowed_hosts[]'")
@@ -30,8 +35,9 @@ def _networking(value: Any) -> dict[str, Any]:
             "type": "limited",
             "allowed_hosts": hosts,
             "allow_mcp_servers": expect(value.get("allow_mcp_servers", False), bool, "'allow_mcp_servers'"),
-            "allow_package_managers": expect(value.get("allow_package_managers", False), bool,
-                                             "'allow_package_managers'"),
+            "allow_package_managers": expect(
+                value.get("allow_package_managers", False), bool, "'allow_package_managers'"
+            ),
         }
     raise InvalidRequest(f"'config.networking.type' must be 'unrestricted' or 'limited', not {kind!r}.")
 
@@ -48,31 +54,78 @@ def _packages(value: Any) -> dict[str, Any]:
     return packages
 
 
-SANDBOX_DEFAULTS: dict[str, Any] = {"provider": None, "image": None, "cpus": 1.0, "memory_mb": 512, "pids": 256,
-                                    "warm_pool": 0, "idle_ttl_seconds": 3600, "provisioning": None}
+SANDBOX_DEFAULTS: dict[str, Any] = {
+    "provider": None,
+    "image": None,
+    "cpus": 1.0,
+    "memory_mb": 512,
+    "pids": 256,
+    "disk_mb": None,
+    "warm_pool": 0,
+    "max_sandboxes": None,
+    "idle_ttl_seconds": 3600,
+    "provisioning": None,
+}
+# Numbers where null means the installation's default (SANDBOX_DISK_MB, SANDBOX_MAX_PER_SESSION).
+_NULLABLE = ("disk_mb", "max_sandboxes")
+
+
+def _bounds() -> dict[str, tuple[float, float, str | None]]:
+    """Each number of config.sandbox: (least, most, the setting that sets the most)."""
+    return {
+        "cpus": (0.1, settings.SANDBOX_MAX_CPUS, "SANDBOX_MAX_CPUS"),
+        "memory_mb": (64, settings.SANDBOX_MAX_MEMORY_MB, "SANDBOX_MAX_MEMORY_MB"),
+        "pids": (16, settings.SANDBOX_MAX_PIDS, "SANDBOX_MAX_PIDS"),
+        "disk_mb": (64, settings.SANDBOX_MAX_DISK_MB, "SANDBOX_MAX_DISK_MB"),
+        "warm_pool": (0, settings.SANDBOX_MAX_WARM_POOL, "SANDBOX_MAX_WARM_POOL"),
+        "max_sandboxes": (1, settings.SANDBOX_MAX_PER_SESSION, "SANDBOX_MAX_PER_SESSION"),
+        "idle_ttl_seconds": (60, 7 * 86400, None),
+    }
+
+
+def _shown(number: float) -> str:
+    return str(int(number)) if float(number).is_integer() else str(number)
+
+
+def _number(key: str, number: Any, low: float, high: float, setting: str | None) -> None:
+    if number is None and key in _NULLABLE:
+        return
+    whole = key != "cpus"
+    kind = (int,) if whole else (int, float)
+    if (
+        isinstance(number, bool)
+        or not isinstance(number, kind)
+        or not math.isfinite(number)
+        or not (low <= number <= high)
+    ):
+        maximum = f" (this installation's maximum, {setting})" if setting else ""
+        raise InvalidRequest(
+            f"'config.sandbox.{key}' must be {'a whole number' if whole else 'a number'} from "
+            f"{_shown(low)} to {_shown(high)}{maximum}, not {number!r}."
+        )
 
 
 def _sandbox(value: Any) -> dict[str, Any]:
-    """Workbench's extension: what a sandbox of this environment runs on and with what limits."""
+    """Workbench's extension: what a sandbox of this environment runs on and with what limits.
+
+    Only what the body gives is held to the maxima: a default over a maximum an operator lowered is cut to
+    it at provisioning (`sandboxes.hands.resources_for`), as a stored value is.
+    """
     from sandboxes.providers import PROVIDERS
 
     expect(value, dict, "'config.sandbox'")
     no_unknown_fields(value, tuple(SANDBOX_DEFAULTS), "config.sandbox")
     sandbox = {**SANDBOX_DEFAULTS, **value}
     if sandbox["provider"] is not None and sandbox["provider"] not in PROVIDERS:
-        raise InvalidRequest(f"'config.sandbox.provider' must be one of {', '.join(PROVIDERS)}, "
-                             f"not {sandbox['provider']!r}.")
+        raise InvalidRequest(
+            f"'config.sandbox.provider' must be one of {', '.join(PROVIDERS)}, not {sandbox['provider']!r}."
+        )
     expect(sandbox["image"], str, "'config.sandbox.image'", nullable=True)
     if sandbox["provisioning"] not in (None, "lazy", "eager"):
         raise InvalidRequest("'config.sandbox.provisioning' must be 'lazy' or 'eager' (coupled).")
-    limits = {"cpus": (0.1, 64.0), "memory_mb": (64, 65536), "pids": (16, 32768), "warm_pool": (0, 50),
-              "idle_ttl_seconds": (60, 7 * 86400)}
-    for key, (low, high) in limits.items():
-        number = sandbox[key]
-        if isinstance(number, bool) or not isinstance(number, (int, float)) or not low <= number <= high:
-            raise InvalidRequest(f"'config.sandbox.{key}' must be a number from {low} to {high}, not {number!r}.")
-        if key != "cpus" and not isinstance(number, int):
-            raise InvalidRequest(f"'config.sandbox.{key}' must be a whole number.")
+    for key, (low, high, setting) in _bounds().items():
+        if key in value:
+            _number(key, value[key], low, high, setting)
     return sandbox
 
 
@@ -89,12 +142,21 @@ def normalise_config(value: Any) -> dict[str, Any]:
     no_unknown_fields(value, ("type", "networking", "packages", "sandbox"), "config")
     networking = _networking(value.get("networking", {"type": "unrestricted"}))
     packages = _packages(value.get("packages", {}))
-    if networking["type"] == "limited" and any(packages[m] for m in PACKAGE_MANAGERS) and not networking[
-            "allow_package_managers"]:
-        raise InvalidRequest("'config.packages' needs 'config.networking.allow_package_managers: true' "
-                             "when networking is limited.")
-    return {"type": "cloud", "networking": networking, "packages": packages,
-            "sandbox": _sandbox(value.get("sandbox", {}))}
+    if (
+        networking["type"] == "limited"
+        and any(packages[m] for m in PACKAGE_MANAGERS)
+        and not networking["allow_package_managers"]
+    ):
+        raise InvalidRequest(
+            "'config.packages' needs 'config.networking.allow_package_managers: true' "
+            "when networking is limited."
+        )
+    return {
+        "type": "cloud",
+        "networking": networking,
+        "packages": packages,
+        "sandbox": _sandbox(value.get("sandbox", {})),
+    }
 
 
 def environment_json(environment: Environment) -> dict[str, Any]:
@@ -133,15 +195,47 @@ def _refill_on_commit(environment: Environment) -> None:
         transaction.on_commit(lambda: _queue_refill(environment.id))
 
 
+class NameTaken(Conflict):
+    """Environment names are unique; the hosted service answers a clash with a 409 of this type (§13)."""
+
+    error_type = "invalid_request_error"
+
+
+def _save(environment: Environment, **options: Any) -> None:
+    """Save, answering a name another live environment holds with a 409.
+
+    The partial unique index on live names decides, not a look-up first, so two requests racing for one
+    name cannot both get it. Deleted environments free their names; archived ones keep them.
+    """
+    try:
+        with transaction.atomic():
+            environment.save(**options)
+    except IntegrityError:
+        holder = (
+            Environment.objects.filter(name=environment.name, deleted_at__isnull=True)
+            .exclude(id=environment.id)
+            .first()
+        )
+        if holder is None:
+            raise
+        state = "an archived environment" if holder.archived_at else "an environment"
+        raise NameTaken(
+            f"The name {environment.name!r} is taken by {state} ({holder.id}); environment names "
+            f"are unique. Choose another name, or delete {holder.id} to free this one.",
+            code="environment_name_taken",
+        ) from None
+
+
 def environment_create(body: dict[str, Any]) -> Environment:
     no_unknown_fields(body, ("name", "config", "description", "metadata", "scope"), "environment")
-    environment = Environment.objects.create(
+    environment = Environment(
         name=text(body, "name", required=True, min_length=1, max_length=255),
         description=text(body, "description", nullable=True, default=None),
         metadata=dict(metadata(body.get("metadata", {}))),
         scope=_scope(body),
         config=normalise_config(body.get("config")),
     )
+    _save(environment, force_insert=True)
     _refill_on_commit(environment)
     return environment
 
@@ -150,14 +244,17 @@ def environment_update(environment_id: str, body: dict[str, Any]) -> Environment
     no_unknown_fields(body, ("name", "config", "description", "metadata", "scope"), "environment update")
     environment = get_environment(environment_id)
     if environment.archived_at is not None:
-        raise InvalidRequest(f"Environment {environment_id} is archived and cannot be changed.",
-                             code="environment_archived")
+        raise InvalidRequest(
+            f"Environment {environment_id} is archived and cannot be changed.", code="environment_archived"
+        )
     if "config" in body:
         config = normalise_config(body["config"])
         if config["type"] != environment.config.get("type"):
             raise InvalidRequest(
                 f"Environment {environment_id} is {environment.config.get('type')}; its config type cannot "
-                f"change to {config['type']}. Create a new environment instead.", code="invalid_config_type_change")
+                f"change to {config['type']}. Create a new environment instead.",
+                code="invalid_config_type_change",
+            )
         environment.config = config
     if "name" in body:
         environment.name = text(body, "name", min_length=1, max_length=255)
@@ -167,7 +264,7 @@ def environment_update(environment_id: str, body: dict[str, Any]) -> Environment
         environment.scope = _scope(body)
     if "metadata" in body:
         environment.metadata = patch_metadata(environment.metadata, metadata(body["metadata"], patch=True))
-    environment.save()
+    _save(environment)
     _refill_on_commit(environment)
     return environment
 

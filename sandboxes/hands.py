@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from sandboxes.models import Environment, Sandbox
+from sandboxes.pool import leave_pool, pool_take
 from sandboxes.providers import (
     Provider,
     Resources,
@@ -34,6 +35,9 @@ logger = logging.getLogger(__name__)
 
 Emit = Callable[[dict[str, Any]], Any]
 DEFAULT_HAND = "main"
+MAX_NAME_LENGTH = 64  # Sandbox.name's column
+# A session's hands that count toward its cap and hold their names.
+LIVE = (Sandbox.Status.READY, Sandbox.Status.PROVISIONING)
 
 
 def _log(session_id: str) -> Emit:
@@ -54,10 +58,14 @@ def resources_for(environment: Environment, sandbox: Sandbox) -> Resources:
     limits = environment.config.get("sandbox") or {}
     labels = {"workbench.sandbox": sandbox.id, "workbench.environment": environment.id,
               "workbench.deployment": settings.WORKBENCH_DEPLOYMENT}
-    # No network until egress goes through the credential-adding proxy (the vault's issue).
-    return Resources(image=limits.get("image") or settings.SANDBOX_IMAGE, cpus=float(limits.get("cpus", 1.0)),
-                     memory_mb=int(limits.get("memory_mb", 512)), pids=int(limits.get("pids", 256)),
-                     network=False, labels=labels)
+    disk_mb = min(limits.get("disk_mb") or settings.SANDBOX_DISK_MB, settings.SANDBOX_MAX_DISK_MB)
+    # The maxima bound what an environment stored before an operator lowered them. No network until
+    # egress goes through the credential-adding proxy (the vault's issue).
+    return Resources(image=limits.get("image") or settings.SANDBOX_IMAGE,
+                     cpus=min(float(limits.get("cpus", 1.0)), settings.SANDBOX_MAX_CPUS),
+                     memory_mb=min(int(limits.get("memory_mb", 512)), settings.SANDBOX_MAX_MEMORY_MB),
+                     pids=min(int(limits.get("pids", 256)), settings.SANDBOX_MAX_PIDS),
+                     disk_mb=disk_mb if settings.SANDBOX_DISK_QUOTA else None, network=False, labels=labels)
 
 
 def provider_of(sandbox: Sandbox) -> Provider:
@@ -69,39 +77,63 @@ def held(session_id: str) -> list[Sandbox]:
     return list(Sandbox.objects.filter(session_id=session_id, status=Sandbox.Status.READY).order_by("created_at"))
 
 
-def _new_sandbox(environment: Environment, *, session: Session | None, name: str) -> Sandbox:
-    """Provision a fresh sandbox (or take one from the environment's warm pool)."""
-    from sandboxes.pool import pool_take
+def _new_sandbox(environment: Environment, *, session: Session, name: str) -> Sandbox:
+    """The session's new hand: one from the environment's warm pool, or a row (provisioning) whose sandbox
+    the caller then starts. Nothing slow: the session's row is locked meanwhile."""
+    pooled = pool_take(environment, session=session, name=name)
+    if pooled is not None:
+        return pooled
+    return Sandbox.objects.create(environment=environment, session=session, name=name,
+                                  provider=provider_name(environment))
 
-    if session is not None:
-        pooled = pool_take(environment, session=session, name=name)
-        if pooled is not None:
-            return pooled
-    sandbox = Sandbox.objects.create(environment=environment, session=session, name=name,
-                                     provider=provider_name(environment))
-    try:
-        sandbox.handle = provider_of(sandbox).provision(resources_for(environment, sandbox))
-    except SandboxError:
-        Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.DEAD)
-        raise
-    sandbox.status = Sandbox.Status.READY
-    sandbox.save(update_fields=["handle", "status"])
-    return sandbox
+
+def _check_name(name: str) -> None:
+    if not name:
+        raise InvalidRequest(f"A sandbox needs a name of 1 to {MAX_NAME_LENGTH} characters; this one is empty.")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidRequest(f"A sandbox name must be at most {MAX_NAME_LENGTH} characters, not {len(name)}.")
+    if not name.isprintable():
+        raise InvalidRequest(f"A sandbox name must not hold control characters (such as newlines): {name!r}.")
+
+
+def _check_room(session: Session, name: str) -> None:
+    """`name` must be free, and the session under its environment's cap of live hands."""
+    names = list(Sandbox.objects.filter(session_id=session.id, status__in=LIVE).order_by("created_at")
+                 .values_list("name", flat=True))
+    if name in names:
+        raise InvalidRequest(f"Session {session.id} already holds a sandbox named {name!r}.")
+    asked = (session.environment.config.get("sandbox") or {}).get("max_sandboxes")
+    cap = min(asked or settings.SANDBOX_MAX_PER_SESSION, settings.SANDBOX_MAX_PER_SESSION)
+    if len(names) >= cap:
+        raise InvalidRequest(
+            f"Session {session.id} holds as many sandboxes as it may ({cap}: its environment's "
+            f"config.sandbox.max_sandboxes, at most SANDBOX_MAX_PER_SESSION={settings.SANDBOX_MAX_PER_SESSION}): "
+            f"{', '.join(map(repr, names))}. Release one first: the release_sandbox tool, or "
+            f"DELETE /v1/sessions/{session.id}/sandboxes/<sandbox id>.", code="sandbox_limit_reached")
 
 
 def sandbox_provision(session_id: str, *, name: str = DEFAULT_HAND, emit: Emit | None = None) -> Sandbox:
-    """A new hand for the session under `name` (which must be free)."""
+    """A new hand for the session under `name`, which must be a free, valid name within the session's cap."""
     emit = emit or _log(session_id)
-    session = Session.objects.select_related("environment").get(id=session_id)
-    if any(hand.name == name for hand in held(session_id)):
-        raise InvalidRequest(f"Session {session_id} already holds a sandbox named {name!r}.")
-    try:
+    _check_name(name)
+    with transaction.atomic():
+        # The session row's lock keeps two provisionings racing for one name or the last place from both
+        # getting it; the new row, committed before its sandbox starts, counts toward the cap from then on.
+        session = (Session.objects.select_for_update(no_key=True, of=("self",)).select_related("environment")
+                   .get(id=session_id))
+        _check_room(session, name)
         sandbox = _new_sandbox(session.environment, session=session, name=name)
-    except SandboxError as error:
-        emit({"type": "sandbox.failed", "name": name, "reason": str(error)})
-        raise
+    if sandbox.status == Sandbox.Status.PROVISIONING:
+        try:
+            sandbox.handle = provider_of(sandbox).provision(resources_for(session.environment, sandbox))
+        except SandboxError as error:
+            Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.DEAD)
+            emit({"type": "sandbox.failed", "name": name, "reason": str(error)})
+            raise
+        sandbox.status = Sandbox.Status.READY
+        sandbox.save(update_fields=["handle", "status"])
     emit({"type": "sandbox.provisioned", "sandbox_id": sandbox.id, "name": name, "provider": sandbox.provider,
-          "pooled": bool(sandbox.labels.get("pooled"))})
+          "pooled": bool(sandbox.labels.get("from_pool"))})
     if session.resources:
         from sandboxes.repositories import checkout_repositories
 
@@ -149,6 +181,8 @@ def execute(
                 "call will provision a new sandbox."), True
     except (ToolFailed, ToolInputError) as failure:
         return note + str(failure), True
+    except InvalidRequest as refused:  # a hand it may not provision: a bad name, or the session's cap
+        return refused.message, True
     except SandboxError as error:
         return f"The sandbox provider could not run this call: {error}", True
 
@@ -179,6 +213,20 @@ def _session(session_id: str) -> Session:
     return session
 
 
+def _handed_over(sandbox: Sandbox, session_id: str) -> Sandbox:
+    """A hand that changed sessions gets its toolbox verified and a new shell (`Provider.reset`) before its
+    new holder uses it; after the transaction, as it may wait seconds for a call of the previous holder to
+    stop. A hand that fails it is not used: it is marked dead, and the session's next call gets a new one."""
+    try:
+        provider_of(sandbox).reset(sandbox.handle)
+    except (SandboxError, ToolFailed) as error:
+        Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.DEAD)
+        emit_event(session_id, {"type": "sandbox.failed", "sandbox_id": sandbox.id, "name": sandbox.name,
+                                "reason": f"its toolbox could not be verified after it changed hands: {error}"})
+        sandbox.refresh_from_db()
+    return sandbox
+
+
 def sandbox_attach(sandbox_id: str, session_id: str, *, name: str | None = None) -> Sandbox:
     """Give a free sandbox to a session."""
     with transaction.atomic():
@@ -190,7 +238,7 @@ def sandbox_attach(sandbox_id: str, session_id: str, *, name: str | None = None)
         sandbox.session_id, sandbox.name = session_id, _free_name(session_id, name or sandbox.name)
         sandbox.save(update_fields=["session", "name"])
         emit_event(session_id, {"type": "sandbox.attached", "sandbox_id": sandbox.id, "name": sandbox.name})
-    return sandbox
+    return _handed_over(sandbox, session_id)
 
 
 def sandbox_detach(sandbox_id: str, *, emit: Emit | None = None) -> Sandbox:
@@ -201,13 +249,19 @@ def sandbox_detach(sandbox_id: str, *, emit: Emit | None = None) -> Sandbox:
             raise InvalidRequest(f"Sandbox {sandbox_id} is not attached to any session.")
         (emit or _log(sandbox.session_id))({"type": "sandbox.detached", "sandbox_id": sandbox.id,
                                             "name": sandbox.name})
+        leave_pool(sandbox)
         sandbox.session_id = None
-        sandbox.save(update_fields=["session"])
+        sandbox.save(update_fields=["session", "labels"])
     return sandbox
 
 
 def sandbox_transfer(sandbox_id: str, to_session_id: str, *, emit: Emit | None = None) -> Sandbox:
-    """Pass a live sandbox, with its files and processes, from its session to another; both logs say so."""
+    """Pass a live sandbox, with its files and processes, from its session to another; both logs say so.
+
+    The processes the giver left running go on in the taker's hands, by design: they run as the same
+    sandbox user as the taker's commands and can change what those commands find and print. What they
+    cannot do is answer for the toolbox: the taker's calls reach the real one, with a new shell.
+    """
     with transaction.atomic():
         sandbox = _live(sandbox_id)
         source = sandbox.session_id
@@ -222,7 +276,7 @@ def sandbox_transfer(sandbox_id: str, to_session_id: str, *, emit: Emit | None =
         sandbox.save(update_fields=["session", "name"])
         emit_event(to_session_id, {"type": "sandbox.attached", "sandbox_id": sandbox.id, "name": sandbox.name,
                                    "from_session": source})
-    return sandbox
+    return _handed_over(sandbox, to_session_id)
 
 
 def sandbox_terminate(sandbox_id: str, *, emit: Emit | None = None) -> Sandbox:

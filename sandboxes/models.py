@@ -23,6 +23,10 @@ class Environment(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        # Names are unique among the environments the API still shows (archived ones too); deleting one
+        # frees its name.
+        constraints = [models.UniqueConstraint(fields=["name"], condition=models.Q(deleted_at__isnull=True),
+                                               name="environment_live_name_unique")]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.id})"

@@ -1,4 +1,10 @@
-"""Warm pools: an environment may keep N sandboxes provisioned and idle, handed out on provisioning."""
+"""Warm pools: an environment may keep N sandboxes provisioned and idle, handed out on provisioning.
+
+The pool's rule: a pooled sandbox is one no session has ever held. `labels["pooled"]` marks a pool member
+until a session takes it; the take (and any later detach) clears it for good and sets `from_pool`, so a
+sandbox that comes back free after a session used it is an ordinary free sandbox (attachable by id, reaped
+when idle), never handed out again as a fresh one.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +23,14 @@ def pool_size(environment: Environment) -> int:
 
 
 def _pooled(environment: Environment):  # type: ignore[no-untyped-def]
-    """The environment's pool sandboxes no session holds."""
+    """The environment's pool sandboxes: no session holds them, and none ever has."""
     return Sandbox.objects.filter(environment=environment, session__isnull=True, labels__pooled=True)
+
+
+def leave_pool(sandbox: Sandbox) -> None:
+    """Mark `sandbox` as held once (in memory; the caller saves `labels`): it is never a pool member again."""
+    if sandbox.labels.get("pooled"):
+        sandbox.labels = {**sandbox.labels, "pooled": False, "from_pool": True}
 
 
 def _free(environment: Environment):  # type: ignore[no-untyped-def]
@@ -32,8 +44,9 @@ def pool_take(environment: Environment, *, session, name: str) -> Sandbox | None
     with transaction.atomic():
         sandbox = _free(environment).select_for_update(skip_locked=True).order_by("created_at").first()
         if sandbox is not None:
+            leave_pool(sandbox)
             sandbox.session, sandbox.name = session, name
-            sandbox.save(update_fields=["session", "name"])
+            sandbox.save(update_fields=["session", "name", "labels"])
     transaction.on_commit(lambda: _queue_refill(environment.id))
     return sandbox
 

@@ -5,10 +5,13 @@
 # uses (read from /etc/apt/sources.list*), as a tarball cached under .cache/; `docker import` turns it
 # into the image. It holds what the in-sandbox toolbox needs (bash, coreutils, python3, ripgrep, procps,
 # findutils, grep, sed) plus git and ca-certificates, a user `sandbox` (uid 1000) and /workspace.
+# The same file system is unpacked for the local (bubblewrap) provider, which binds it read-only as a
+# sandbox's /: into $WORKBENCH_LOCAL_ROOTFS/<the image's name, with _ for / and :>, owned by the caller.
+# Without a Docker engine only that folder is made.
 #
 # Usage: scripts/build-image.sh [--force]
 # Env:   SANDBOX_IMAGE (default workbench-sandbox:latest), SANDBOX_DEBIAN_MIRROR (override the mirror),
-#        SANDBOX_CACHE_DIR (default <repo>/.cache)
+#        SANDBOX_CACHE_DIR (default <repo>/.cache), WORKBENCH_LOCAL_ROOTFS (default <cache dir>/rootfs)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -23,7 +26,7 @@ for arg in "$@"; do
     case $arg in
     --force) force=1 ;;
     -h | --help)
-        sed -n '2,12p' "$0"
+        sed -n '2,15p' "$0"
         exit 0
         ;;
     *)
@@ -35,10 +38,50 @@ done
 
 say() { echo "build-image: $*" >&2; }
 
-"$here/start-dockerd.sh"
+rootfs_root=${WORKBENCH_LOCAL_ROOTFS:-$cache_dir/rootfs}
+rootfs=$rootfs_root/${image//[^A-Za-z0-9._-]/_}
 
-if ((!force)) && docker image inspect "$image" >/dev/null 2>&1; then
-    say "$image already exists (use --force to rebuild)"
+docker=0
+if "$here/start-dockerd.sh"; then
+    docker=1
+else
+    say "no Docker engine: only the local provider's root file system is made"
+fi
+need_image=0
+if ((docker)) && { ((force)) || ! docker image inspect "$image" >/dev/null 2>&1; }; then need_image=1; fi
+need_rootfs=0
+if ((force)) || [[ ! -d $rootfs ]]; then need_rootfs=1; fi
+
+if ((!need_image && !need_rootfs)); then
+    say "$image and its root file system $rootfs already exist (use --force to rebuild)"
+    exit 0
+fi
+
+# Unpack the tar on stdin as the local provider's root: a folder only its owner may change, with the
+# mount points of the provider's binds made beforehand (bwrap cannot create them on a read-only root).
+unpack_rootfs() {
+    local partial="$rootfs.partial" old="$rootfs.old"
+    rm -rf "$partial" "$old"
+    mkdir -p "$partial"
+    tar -x -C "$partial" --numeric-owner --exclude='./dev/*' --exclude='dev/*'
+    mkdir -p "$partial"/{workspace,tmp,proc,dev,home/sandbox,opt/workbench/toolbox}
+    # The image's own (no secret in them), but a sandbox has no use for them.
+    rm -rf "$partial"/root "$partial"/etc/{shadow,gshadow,shadow-,gshadow-}
+    touch "$partial"/etc/{passwd,group,hosts,resolv.conf}
+    chmod 0755 "$partial"
+    chmod go-w "$rootfs_root"
+    if [[ -d $rootfs ]]; then mv "$rootfs" "$old"; fi
+    mv "$partial" "$rootfs"
+    rm -rf "$old"
+    say "unpacked the local provider's root file system at $rootfs"
+}
+mkdir -p "$rootfs_root"
+
+if ((!need_image && docker)); then
+    say "unpacking the local provider's root file system from $image"
+    container=$(docker create "$image" true)
+    docker export "$container" | unpack_rootfs
+    docker rm "$container" >/dev/null
     exit 0
 fi
 
@@ -121,6 +164,9 @@ if ((force)) || [[ ! -s $tarball ]]; then
 else
     say "reusing the cached root file system $tarball"
 fi
+
+if ((need_rootfs)); then unpack_rootfs <"$tarball"; fi
+if ((!need_image)); then exit 0; fi
 
 say "importing $tarball as $image"
 docker import \

@@ -8,9 +8,9 @@ cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 mkdir -p .cache
 
-if [ "$(id -u)" -eq 0 ] && [ -x scripts/start-dockerd.sh ]; then
-  scripts/start-dockerd.sh && [ -x scripts/build-image.sh ] && scripts/build-image.sh \
-    || echo "run: no Docker engine; sandboxes will use the local (bubblewrap) provider" >&2
+# The sandbox image, and the root file system the local (bubblewrap) provider binds (made without Docker too).
+if [ "$(id -u)" -eq 0 ] && [ -x scripts/build-image.sh ]; then
+  scripts/build-image.sh || echo "run: the sandbox image or the local provider's root file system is missing" >&2
 fi
 
 export WORKBENCH_PORT=${PORT:-8000}

@@ -1,5 +1,8 @@
+import json
+
 from django.contrib import admin
 
+from sandboxes.repositories import without_token
 from sessions.models import Event, Session
 
 
@@ -8,7 +11,13 @@ class SessionAdmin(admin.ModelAdmin):
     list_display = ("id", "status", "agent", "environment", "next_seq", "lease_epoch", "updated_at")
     list_filter = ("status",)
     search_fields = ("id", "title")
-    readonly_fields = [f.name for f in Session._meta.fields]
+    # Resources are shown without their repository tokens, which are write-only.
+    exclude = ("resources",)
+    readonly_fields = ["shown_resources" if f.name == "resources" else f.name for f in Session._meta.fields]
+
+    @admin.display(description="resources")
+    def shown_resources(self, obj: Session) -> str:
+        return json.dumps([without_token(r) for r in obj.resources], indent=2)
 
 
 @admin.register(Event)

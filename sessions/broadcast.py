@@ -48,11 +48,19 @@ def event_message(event: Event, *, inline: bool = True) -> dict[str, Any]:
 
 
 def _wire(layer: Any, message: Any) -> bytes:
-    """The serialized message; an event too large to inline goes out as its bare stamp."""
+    """The serialized message; an event too large to inline, or that cannot be encoded, goes out as its bare
+    stamp (receivers read it from the database)."""
     if isinstance(message, dict):
         return layer.serialize(message)
-    data = layer.serialize(event_message(message))
-    return data if len(data) <= INLINE_EVENT_LIMIT else layer.serialize(event_message(message, inline=False))
+    try:
+        data = layer.serialize(event_message(message))
+    except Exception:  # noqa: BLE001 - whatever the encoder refuses (e.g. an unpaired surrogate), the stamp is enough
+        logger.warning("event %s:%s could not be encoded inline; it goes out as its stamp", message.session_id,
+                       message.seq, exc_info=True)
+    else:
+        if len(data) <= INLINE_EVENT_LIMIT:
+            return data
+    return layer.serialize(event_message(message, inline=False))
 
 
 def publish_event(event: Event) -> None:
@@ -112,7 +120,12 @@ class _Publisher:
             stop = None in batch
             pipeline = client.pipeline(transaction=False)
             for group, message in (item for item in batch if item is not None):
-                pipeline.publish(f"{prefix}__group__{group}", _wire(layer, message))
+                try:
+                    data = _wire(layer, message)
+                except Exception:  # noqa: BLE001 - one message that cannot be encoded must not cost the rest
+                    logger.warning("a live message for %s could not be encoded and is dropped", group, exc_info=True)
+                    continue
+                pipeline.publish(f"{prefix}__group__{group}", data)
             try:
                 pipeline.execute()
                 sent_at = time.monotonic()

@@ -37,6 +37,8 @@ class Session(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     # Wakes that took the lease and have not yet reached a clean release: a crash counter.
     wake_attempts = models.PositiveIntegerField(default=0)
+    # When the sweeper last queued a wake for this session; taking the lease clears it (one queued at a time).
+    wake_queued_at = models.DateTimeField(null=True, blank=True)
     forked_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks")
     forked_at_seq = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)

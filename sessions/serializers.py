@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sandboxes.repositories import without_token
 from sessions.models import Session
-
-
-def _resource_json(resource: dict[str, Any]) -> dict[str, Any]:
-    # A repository token is write-only: it never leaves the server.
-    return {key: value for key, value in resource.items() if key != "authorization_token"}
 
 
 def session_json(session: Session) -> dict[str, Any]:
@@ -22,12 +18,14 @@ def session_json(session: Session) -> dict[str, Any]:
         "environment_id": session.environment_id,
         "title": session.title,
         "metadata": session.metadata,
-        "resources": [_resource_json(r) for r in session.resources],
+        "resources": [without_token(r) for r in session.resources],
         "vault_ids": session.vault_ids,
         "budget": session.budget,
         "outcome_evaluations": [],
-        "stats": {"active_seconds": active,
-                  "duration_seconds": (session.updated_at - session.created_at).total_seconds()},
+        "stats": {
+            "active_seconds": active,
+            "duration_seconds": (session.updated_at - session.created_at).total_seconds(),
+        },
         "usage": session.usage,
         "deployment_id": None,
         "created_at": session.created_at.isoformat(),

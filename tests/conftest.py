@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,7 +126,8 @@ def make_agent(**overrides: Any) -> str:
 
 
 def make_environment(**overrides: Any) -> str:
-    return environment_create({"name": "env", **overrides}).id
+    """An environment under a fresh name (names are unique)."""
+    return environment_create({"name": f"env-{uuid.uuid4().hex[:8]}", **overrides}).id
 
 
 def make_session(**overrides: Any) -> str:

@@ -1,5 +1,6 @@
 import os
 import sys
+import uuid
 from typing import Any
 
 from django.core.asgi import get_asgi_application
@@ -35,7 +36,28 @@ class ApiHandler(ASGIHandler):
         self._template_response_middleware = []
         self._exception_middleware = []
         get_response = self._get_response_async if is_async else self._get_response
-        self._middleware_chain = convert_exception_to_response(get_response)
+        self._middleware_chain = _json_errors(convert_exception_to_response(get_response))
+
+
+def _json_errors(get_response: Any) -> Any:
+    """Django's own error pages are HTML; an API client gets every 5xx in the `/v1` envelope instead (a
+    view's errors are already enveloped by `workbench.api.endpoint`; these are the ones outside a view)."""
+    from asgiref.sync import iscoroutinefunction
+
+    from workbench.api.endpoint import internal_error
+
+    def enveloped(request: Any, response: Any) -> Any:
+        if response.status_code < 500 or response.get("Content-Type", "").startswith("application/json"):
+            return response
+        return internal_error(f"req_{uuid.uuid4().hex}", log=False)  # Django logged it
+
+    if iscoroutinefunction(get_response):
+
+        async def inner(request: Any) -> Any:
+            return enveloped(request, await get_response(request))
+
+        return inner
+    return lambda request: enveloped(request, get_response(request))
 
 
 api_app = ApiHandler()

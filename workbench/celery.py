@@ -20,3 +20,12 @@ def _prefer_woken_threads(**_: object) -> None:
     database, the model, the broker handing over a wake) should not wait Python's default 5 ms for a thread
     busy parsing another stream to give up the GIL."""
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
+
+
+@worker_init.connect
+def _hold_local_sandboxes(**_: object) -> None:
+    """Local sandboxes end once no process holds their root (sandboxes/providers/keeper.py): the worker's
+    main process holds it for as long as the worker runs, not only the pool's children, which come and go."""
+    from sandboxes.providers.local import default_root, hold_root
+
+    hold_root(default_root())

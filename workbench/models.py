@@ -33,3 +33,22 @@ class ApiKey(models.Model):
     @staticmethod
     def generate() -> str:
         return "wbk_" + secrets.token_urlsafe(32)
+
+
+class IdempotentRequest(models.Model):
+    """A POST sent with an `Idempotency-Key`, and the answer it got: a retry with the key gets that answer."""
+
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="idempotent_requests")
+    key = models.CharField(max_length=255)
+    # sha256 of the method, path and body: the same key with another request is refused, not replayed.
+    fingerprint = models.CharField(max_length=64)
+    # Null while the first request with the key runs.
+    status = models.PositiveSmallIntegerField(null=True, blank=True)
+    body = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["api_key", "key"], name="idempotency_key_per_api_key")]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.status or 'running'})"

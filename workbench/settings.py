@@ -116,6 +116,14 @@ CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", default=354
 # timeout keeps Redis from handing the same wake to a second worker while the first still runs.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 3600}
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
+# A request that queued a wake answers once its events are committed: it waits on the broker at most this
+# long (a hung or refusing Redis), and the sweeper wakes the session if the message did not go out.
+WAKE_PUBLISH_TIMEOUT_SECONDS = env.float("WAKE_PUBLISH_TIMEOUT_SECONDS", default=1.0)
+# The sweeper queues at most one wake per session: it queues another only once a brain took the lease
+# since, or after this long (a wake lost with the broker).
+WAKE_REQUEUE_SECONDS = env.float("WAKE_REQUEUE_SECONDS", default=60.0)
+# A POST's Idempotency-Key is remembered this long (a retry with it returns the first answer).
+IDEMPOTENCY_KEY_HOURS = env.float("IDEMPOTENCY_KEY_HOURS", default=24.0)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -184,3 +192,26 @@ WORKBENCH_DEPLOYMENT = env("WORKBENCH_DEPLOYMENT", default=__import__("hashlib")
 # "lazy": a sandbox is provisioned by the first tool call that needs one. "eager" ("coupled"): the
 # session's first turn provisions it before the first model call, for the latency comparison.
 SANDBOX_PROVISIONING = env("SANDBOX_PROVISIONING", default="lazy")
+
+# What one session's sandboxes may take, installation-wide. An environment asking for more than a maximum
+# is refused with a 400 naming the field and the maximum; a stored value over a maximum lowered later is
+# cut to it at provisioning. Defaults for one machine: the hosted service's 8 GB of memory and 10 GB of
+# disk per sandbox, every core this process may run on, 4096 processes, 10 warm sandboxes per environment,
+# and 8 live sandboxes per session (an environment's config.sandbox.max_sandboxes may lower that).
+SANDBOX_MAX_MEMORY_MB = env.int("SANDBOX_MAX_MEMORY_MB", default=8192)
+SANDBOX_MAX_CPUS = env.float("SANDBOX_MAX_CPUS", default=float(len(__import__("os").sched_getaffinity(0))))
+SANDBOX_MAX_PIDS = env.int("SANDBOX_MAX_PIDS", default=4096)
+SANDBOX_MAX_DISK_MB = env.int("SANDBOX_MAX_DISK_MB", default=10240)
+SANDBOX_MAX_WARM_POOL = env.int("SANDBOX_MAX_WARM_POOL", default=10)
+SANDBOX_MAX_PER_SESSION = env.int("SANDBOX_MAX_PER_SESSION", default=8)
+# A sandbox's disk quota (what it may write: /workspace, /tmp, home) unless its environment sets
+# config.sandbox.disk_mb. Docker enforces it only with overlay2 on XFS mounted with pquota, or with
+# btrfs, which scripts/start-dockerd.sh sets up when it starts the engine; on another engine provisioning
+# fails and says so. SANDBOX_DISK_QUOTA=off runs sandboxes without a disk quota instead (a sandbox can
+# then fill the engine's disk).
+SANDBOX_DISK_MB = env.int("SANDBOX_DISK_MB", default=4096)
+SANDBOX_DISK_QUOTA = env.bool("SANDBOX_DISK_QUOTA", default=True)
+
+# Hosts a session's github_repository may be cloned from over plain http:// or git:// (e.g. 127.0.0.1 for a
+# git server on loopback in development, tests and benchmarks); every other repository URL must be https://.
+REPOSITORY_PLAIN_HOSTS = env.list("REPOSITORY_PLAIN_HOSTS", default=[])

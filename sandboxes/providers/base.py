@@ -31,6 +31,7 @@ class Resources:
     cpus: float = 1.0
     memory_mb: int = 512
     pids: int = 256
+    disk_mb: int | None = None  # the writable file system's quota; None: no quota
     network: bool = False
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -58,6 +59,13 @@ class Provider(Protocol):
         cancelled: Cancelled | None = None,
     ) -> str:
         """Run toolset tool `name` with `input` inside the sandbox and return its text output."""
+        ...
+
+    def reset(self, handle: str) -> None:
+        """Prepare a sandbox that changed sessions for its new holder: check that its toolbox answers on
+        the channel the provider made (not one the sandbox replaced), stop the calls still running, and
+        start a new shell. The files, and the processes already running, stay. Raises SandboxError, or
+        ToolFailed when the old shell could not be replaced."""
         ...
 
     def is_alive(self, handle: str) -> bool: ...

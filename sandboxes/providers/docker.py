@@ -1,11 +1,13 @@
 """DockerProvider: a sandbox is a hardened container on a Docker engine, driven through the SDK.
 
-A container runs an idle main process (`sleep infinity` under docker's init) and the toolbox daemon,
-which the container's command starts detached. Each `execute` is one `docker exec` of the toolbox
-client, which relays the request to the daemon's unix socket and the reply back: see
-`sandboxes/toolbox/daemon.py` for the protocol. Because the main process is idle, a daemon that dies
-(killed by the model, or by the OOM killer) is restarted by the next call, and the container's files
-survive it.
+The container's main process (under docker's init) is the toolbox's supervisor, as root with only
+CAP_SETUID and CAP_SETGID: it listens on the toolbox's socket in a directory only root may write, and
+forks the daemon, which drops to the sandbox user (uid 1000) and owns the shell; every process the
+model starts is the sandbox user's, with no capability. Each `execute` is one `docker exec` of the
+toolbox client, as root, which checks that root listens on the socket, relays the request and the
+reply back: see `sandboxes/toolbox/supervisor.py` for why, and `daemon.py` for the protocol. A daemon
+that dies (killed by the model, or by the OOM killer) is forked again at once on the same socket, and
+the container's files survive it.
 """
 
 from __future__ import annotations
@@ -20,19 +22,17 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from sandboxes.toolbox.bundle import CLIENT_COMMAND, DAEMON_COMMAND, SANDBOX_PARENT, SANDBOX_UID, archive
+from sandboxes.toolbox.bundle import CLIENT_COMMAND, SANDBOX_PARENT, SUPERVISOR_COMMAND, archive
 from sandboxes.toolbox.procs import PIDS_LIMIT_ENV
 
 from . import protocol
 from .base import Cancelled, Resources, SandboxError, SandboxGone, ToolFailed
 
 MANAGED_LABEL = "workbench.managed"
-# The daemon detaches; the container's main process then idles (and never holds state).
-CONTAINER_COMMAND = [
-    "/bin/sh",
-    "-c",
-    f"cd {SANDBOX_PARENT} && {' '.join(DAEMON_COMMAND)} --detach; exec sleep infinity",
-]
+CONTAINER_COMMAND = ["/bin/sh", "-c", f"cd {SANDBOX_PARENT} && exec {' '.join(SUPERVISOR_COMMAND)}"]
+# The supervisor's, to drop to the sandbox user; nothing the sandbox user runs has any (no-new-privileges).
+CAPABILITIES = ["SETUID", "SETGID"]
+CONTAINER_USER = "0:0"
 # How long a container that lost its call may take to show as stopped in the engine.
 GONE_SETTLE_S = 2.0
 # At the pids limit the engine cannot start the client: retry while the toolbox recovers.
@@ -64,6 +64,7 @@ class DockerProvider:
         with self._engine():
             host_config = self.api.create_host_config(
                 cap_drop=["ALL"],
+                cap_add=CAPABILITIES,
                 security_opt=["no-new-privileges"],
                 pids_limit=resources.pids,
                 mem_limit=f"{resources.memory_mb}m",
@@ -71,12 +72,13 @@ class DockerProvider:
                 nano_cpus=int(resources.cpus * 1e9),
                 init=True,
                 network_mode=network,
+                storage_opt={"size": f"{resources.disk_mb}M"} if resources.disk_mb else None,
             )
             try:
                 container = self.api.create_container(
                     resources.image,
                     command=CONTAINER_COMMAND,
-                    user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+                    user=CONTAINER_USER,
                     working_dir="/workspace",
                     hostname="sandbox",
                     environment={**resources.env, PIDS_LIMIT_ENV: str(resources.pids)},
@@ -88,6 +90,14 @@ class DockerProvider:
                     f"the image {resources.image} is not on the Docker engine: build it with "
                     "`make image` (scripts/build-image.sh)"
                 ) from None
+            except docker.errors.APIError as error:
+                if resources.disk_mb and "storage" in str(error.explanation).lower():
+                    raise SandboxError(
+                        f"the Docker engine cannot enforce the sandbox's disk quota ({error.explanation}): "
+                        "start dockerd on XFS mounted with pquota, or on btrfs (scripts/start-dockerd.sh does, "
+                        "when it starts the engine), or set SANDBOX_DISK_QUOTA=off to run sandboxes without one"
+                    ) from None
+                raise
         handle: str = container["Id"]
         try:
             with self._engine(handle):
@@ -156,10 +166,21 @@ class DockerProvider:
         timeout_s: float | None = None,
         cancelled: Cancelled | None = None,
     ) -> str:
-        request = protocol.build_request(name, input, timeout_s=timeout_s)
+        return self._call(handle, protocol.build_request(name, input, timeout_s=timeout_s), cancelled)
+
+    def reset(self, handle: str) -> None:
+        """Verify the toolbox of a hand that changed sessions and give it a new shell (see daemon.py)."""
+        self._call(handle, protocol.reset_request(), None)
+
+    def _call(self, handle: str, request: protocol.Request, cancelled: Cancelled | None) -> str:
         exec_id, reply, stopped, stderr = self._exchange(handle, request, cancelled)
         if reply is not None:
-            return protocol.parse_reply(reply)
+            try:
+                return protocol.parse_reply(reply)
+            except SandboxGone:
+                raise
+            except SandboxError as error:
+                raise self._made_before_the_supervisor(handle) or error from None
         if stopped:
             raise protocol.interrupted(stopped, request)
         raise self._lost_call(handle, exec_id, stderr)
@@ -183,7 +204,9 @@ class DockerProvider:
         while True:
             try:
                 with self._engine(handle):
-                    exec_id = self.api.exec_create(handle, CLIENT_COMMAND, stdin=True)["Id"]
+                    # As root: no process of the sandbox user's can trace the client.
+                    created = self.api.exec_create(handle, CLIENT_COMMAND, stdin=True, user="0", workdir="/")
+                    exec_id = created["Id"]
                     response_socket = self.api.exec_start(exec_id, socket=True)
                 break
             except SandboxError as error:
@@ -225,6 +248,18 @@ class DockerProvider:
             code = self.api.exec_inspect(exec_id).get("ExitCode")
         detail = stderr.decode("utf-8", "replace").strip()[-1000:] or "no message"
         return SandboxError(f"the toolbox client in the sandbox failed (exit code {code}): {detail}")
+
+    def _made_before_the_supervisor(self, handle: str) -> SandboxGone | None:
+        """A container provisioned by an earlier Workbench runs as the sandbox user, and its toolbox
+        cannot be reached safely: it is as good as gone, and the session's next call gets a new one."""
+        with self._engine(handle):
+            user = self.api.inspect_container(handle)["Config"]["User"]
+        if user == CONTAINER_USER:
+            return None
+        return SandboxGone(
+            f"the sandbox was provisioned by an earlier version of Workbench (its container runs as {user!r}), "
+            "whose toolbox this one does not call"
+        )
 
     def _gone_reason(self, handle: str) -> str | None:
         with self._engine():

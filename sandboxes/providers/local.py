@@ -1,37 +1,61 @@
 """LocalProvider: a sandbox is a directory plus a bubblewrap (`bwrap`) namespace, for machines
 without Docker.
 
-A sandbox `<root>/<handle>/` holds `workspace/` (bound at /workspace), `tmp/` (/tmp), `home/`
-(/home/sandbox), `etc/` (its passwd and group), `sandbox.json` (labels, resources, the outside pid of
-the sandbox's init and its start time, its cgroups) and `bwrap.log`. The toolbox daemon is the
-sandbox's main process, detached from whoever provisioned it: the sandbox outlives the worker that
-made it, and any process on the machine can call it through its handle. Calls go straight to the
-daemon's socket, which the host sees at `tmp/.toolbox/daemon.sock`: no exec per call.
+A sandbox `<root>/<handle>/` holds `disk/` with `workspace/` (bound at /workspace), `tmp/` (/tmp)
+and `home/` (/home/sandbox) — with a disk quota, `disk/` is a loop-mounted ext4 image `disk.img` of
+that size —, `etc/` (its passwd, group and hosts), `control/` (the toolbox daemon's socket, mode 0700,
+never bound into the sandbox), `sandbox.json` (labels, resources, the outside pid of the sandbox's
+init and its start time, its keeper's pid and uid, its cgroups) and `bwrap.log`. Its root file
+system is the Debian tree the docker image is built from, unpacked by scripts/build-image.sh under
+`$WORKBENCH_LOCAL_ROOTFS` (default `<repo>/.cache/rootfs`), one folder per image name
+(`resources.image`, with `_` for `/` and `:`), bound read-only as /.
+
+The toolbox daemon is the sandbox's main process, detached from whoever provisioned it: the sandbox
+outlives the worker that made it, and any process on the machine can call it through its handle.
+The provider binds the daemon's socket in `control/`, the sandbox's keeper listens on it and bwrap
+hands it to the daemon (`--listen-fd`); a call connects to it directly (no exec per call) and first
+checks, by SO_PEERCRED, that the listener is that keeper (its pid and uid, recorded at provisioning).
+
+Each sandbox's bwrap runs under a keeper (`keeper.py`) with --die-with-parent. Every process that
+uses the provider's root holds a shared lock on `<root>/.alive` (a Celery worker's main process from
+its start), and the keeper ends the sandbox, and unmounts its disk, once none does: sandboxes stop
+with the server however it stops (SIGKILL too: the kernel drops the locks of a dead process), and
+outlive a worker that dies while another process of the server still holds the root. (A shutdown
+hook or `make run`'s trap would miss a SIGKILL; --die-with-parent under the worker would kill the
+sandboxes of every session with one worker's death.) The reaper removes what is left of them.
 
 What holds, compared with the docker provider:
 - namespaces: user (uid 1000 inside; outside, the caller's uid, or `nobody` when the caller is
-  root), pid, mount, ipc, uts, cgroup, and network (only loopback) unless `resources.network`;
-- no capabilities, no_new_privs, a new session (no TIOCSTI to the caller's terminal);
-- a read-only /usr (and /bin, /lib...), an allowlist of /etc (no /etc/shadow or host secrets), and
-  private /workspace, /tmp and home;
+  root; no nested user namespace), pid, mount, ipc, uts, cgroup, and network (only loopback) unless
+  `resources.network`;
+- no capabilities, no_new_privs, a new session, and a seccomp filter (`seccomp.py`: mounts,
+  namespaces, ptrace, modules, kexec, bpf, perf, io_uring, keyrings, the clock, TIOCSTI...);
+- a read-only root from the image's file system, no host file but the toolbox (read-only at
+  /opt/workbench/toolbox); a read-only /dev with a 64 MiB /dev/shm; private /workspace, /tmp, home;
+- no host path in any /proc/*/cmdline inside (bwrap reads its arguments from a file descriptor) and
+  no host environment in its init's;
 - pids, memory and cpu limits from a cgroup per sandbox when the caller can create one (root, with
   cgroup v1 or v2); otherwise pids by RLIMIT_NPROC (set inside the sandbox's user namespace, so it
-  counts this sandbox only) and memory by RLIMIT_AS.
+  counts this sandbox only) and memory by RLIMIT_AS;
+- `resources.disk_mb` bounds /workspace, /tmp and home together (one ext4 image; root only: without
+  root a disk quota is refused, and `disk_mb=None` leaves disk use unbounded).
 What does not hold:
 - without a cgroup, RLIMIT_AS bounds each process's address space, not the sandbox's total, and
-  breaks programs that reserve large address ranges (JVMs, some JITs); there is no cpu limit;
-- no seccomp filter (docker applies its default profile);
+  breaks programs that reserve large address ranges (JVMs, some JITs); there is no cpu limit, and
+  /dev/shm's memory is not counted;
 - `resources.network` shares the host's network namespace, its loopback services included (docker
   gives the sandbox its own bridge);
-- the sandbox sees the host's /usr: `resources.image` is not used;
+- /proc/self/mountinfo names the host folders its mounts come from (as docker's names its layers);
+- a full disk also leaves the toolbox no room for a command's output (it is written under /tmp, as
+  in docker): the command's exit code still comes back, and freeing space mends it;
 - the toolbox daemon is the sandbox's main process: if it is killed, the sandbox is gone (docker
-  restarts the daemon and keeps the container);
-- disk use is not bounded (docker's is not either without a storage quota); no pause or snapshot.
+  restarts the daemon and keeps the container); no pause or snapshot.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import os
@@ -41,7 +65,9 @@ import shutil
 import signal
 import socket
 import stat
+import struct
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -54,88 +80,106 @@ from sandboxes.toolbox.bundle import DAEMON_COMMAND, SANDBOX_DIR, SANDBOX_PARENT
 from sandboxes.toolbox.client import DAEMON_START_TIMEOUT_S
 from sandboxes.toolbox.procs import PIDS_LIMIT_ENV
 
-from . import cgroups, protocol
+from . import cgroups, protocol, seccomp
 from .base import Cancelled, Resources, SandboxError, SandboxGone, ToolFailed
 
 HANDLE = re.compile(r"local-[0-9a-f]{12}")
 NOBODY = 65534
-# What programs need from /etc; the rest of the host's /etc stays out of the sandbox.
-ETC_ALLOWLIST = (
-    "alternatives",
-    "ca-certificates",
-    "ca-certificates.conf",
-    "gitconfig",
-    "host.conf",
-    "hosts",
-    "inputrc",
-    "ld.so.cache",
-    "ld.so.conf",
-    "ld.so.conf.d",
-    "localtime",
-    "mime.types",
-    "nsswitch.conf",
-    "protocols",
-    "services",
-    "ssl",
-    "timezone",
-)
+DEFAULT_ROOTFS = Path(__file__).resolve().parents[2] / ".cache" / "rootfs"
+KEEPER = Path(__file__).with_name("keeper.py")
+ALIVE = ".alive"
+CONTROL_SOCKET = ("control", "daemon.sock")
 GONE_SETTLE_S = 2.0
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SHM_BYTES = 64 * 1024 * 1024
+HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\tsandbox\n"
+# An ext4 made for one sandbox and thrown away with it: no journal, no blocks kept back for root (the
+# sandbox's user gets the whole quota), inode tables left to be written as used (the image stays sparse).
+MKFS = ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "lazy_itable_init=1,nodiscard"]
+MOUNT_OPTIONS = "loop,nosuid,nodev,noinit_itable"
 
 
 class LocalProvider:
     name = "local"
     capabilities: frozenset[str] = frozenset()
 
-    def __init__(self, *, root: str | os.PathLike[str] | None = None, run_as: tuple[int, int] | None = None):
-        default = Path(tempfile.gettempdir()) / "workbench-sandboxes"
-        self.root = Path(root or os.environ.get("WORKBENCH_LOCAL_SANDBOXES") or default)
+    def __init__(
+        self,
+        *,
+        root: str | os.PathLike[str] | None = None,
+        run_as: tuple[int, int] | None = None,
+        rootfs: str | os.PathLike[str] | None = None,
+    ):
+        self.root = Path(root) if root else default_root()
+        self.rootfs = Path(rootfs or os.environ.get("WORKBENCH_LOCAL_ROOTFS") or DEFAULT_ROOTFS)
         # Root's files are not the sandbox's business: as root, run sandboxes as nobody.
         self.run_as = run_as if run_as is not None or os.geteuid() != 0 else (NOBODY, NOBODY)
+        hold_root(self.root)
 
     # -- lifecycle
 
     def provision(self, resources: Resources) -> str:
-        bwrap = shutil.which("bwrap")
-        if not bwrap:
+        if not shutil.which("bwrap"):
             raise SandboxError("bubblewrap is not installed: apt-get install -y bubblewrap")
+        if resources.disk_mb and os.geteuid() != 0:
+            raise SandboxError(
+                "the local provider bounds a sandbox's disk with a loop-mounted image, which needs root: "
+                "run the workers as root, or set SANDBOX_DISK_QUOTA=off to run sandboxes without a disk quota"
+            )
+        rootfs = self.rootfs_of(resources.image)
         handle = f"local-{uuid.uuid4().hex[:12]}"
         directory = self._directory(handle)
-        self._make_directory(directory)
-        groups = cgroups.create(
-            handle, pids=resources.pids, memory_mb=resources.memory_mb, cpus=resources.cpus
-        )
-        info_read, info_write = os.pipe()  # bwrap's --info-fd: it writes the sandbox's pid there
-        command = self._command(bwrap, directory, resources, info_fd=info_write, cgroup=bool(groups))
+        fds: list[int] = []
         process = None
+        groups: list[str] = []
         try:
-            process = _spawn(command, log=directory / "bwrap.log", groups=groups, pass_fd=info_write)
-            os.close(info_write)  # only bwrap holds it now: EOF on info_read means bwrap is gone
-            info_write = -1
+            self._make_directory(directory, disk_mb=resources.disk_mb)
+            groups = cgroups.create(
+                handle, pids=resources.pids, memory_mb=resources.memory_mb, cpus=resources.cpus
+            )
+            listen_fd = _control_socket(directory).detach()
+            fds.append(listen_fd)
+            seccomp_fd = seccomp.memfd()
+            fds.append(seccomp_fd)
+            info_read, info_write = os.pipe()  # bwrap's --info-fd: it writes the sandbox's pid there
+            fds += [info_read, info_write]
+            options = self._options(rootfs, directory, resources, seccomp_fd=seccomp_fd, info_fd=info_write)
+            args_fd = _memfd("workbench-bwrap-args", b"".join(option.encode() + b"\0" for option in options))
+            fds.append(args_fd)
+            command = self._command(resources, args_fd=args_fd, listen_fd=listen_fd, cgroup=bool(groups))
+            passed = [listen_fd, seccomp_fd, info_write, args_fd]
+            process = _spawn_keeper(
+                self.root, directory, command, groups=groups, pass_fds=passed, listen_fd=listen_fd
+            )
+            for fd in passed:  # only the keeper holds them now: EOF on info_read means bwrap is gone
+                os.close(fd)
+                fds.remove(fd)
             pid = _child_pid(process, info_read)
             meta = {
                 "labels": dict(resources.labels),
                 "resources": asdict(resources),
                 "pid": pid,
                 "started": _start_time(pid),
+                "keeper": {"pid": process.pid, "uid": os.geteuid()},
                 "cgroups": groups,
                 "created": time.time(),
             }
             (directory / "sandbox.json").write_text(json.dumps(meta))
-            self._connect(handle, meta).close()
+            # A cancel of a call that never was: answered once the daemon serves, and it changes nothing.
+            probe = json.dumps({"cancel": f"provisioned-{handle}"}).encode()
+            self._call(handle, protocol.Request(handle, probe, DAEMON_START_TIMEOUT_S), None)
         except BaseException as error:
             if process is not None and process.poll() is None:
-                process.kill()
+                process.kill()  # and with it bwrap (--die-with-parent)
             said = _tail(directory / "bwrap.log")
             self.terminate(handle)
             cgroups.remove(groups)
-            if isinstance(error, SandboxError | OSError):
+            if isinstance(error, SandboxError | ToolFailed | OSError | seccomp.UnsupportedArch):
                 raise SandboxError(f"the local sandbox did not start: {error}. {said}".strip()) from None
             raise
         finally:
-            os.close(info_read)
-            if info_write >= 0:
-                os.close(info_write)
+            for fd in fds:
+                os.close(fd)
         return handle
 
     def is_alive(self, handle: str) -> bool:
@@ -143,8 +187,8 @@ class LocalProvider:
         return meta is not None and _alive(meta)
 
     def terminate(self, handle: str) -> None:
-        """Kill the sandbox's init (the kernel then kills everything in its pid namespace) and
-        delete its directory; nothing happens if it is already gone."""
+        """Kill the sandbox's init (the kernel then kills everything in its pid namespace), unmount
+        its disk and delete its directory; nothing happens if it is already gone."""
         directory = self._directory(handle)
         meta = self._meta(handle)
         if meta is not None:
@@ -155,7 +199,9 @@ class LocalProvider:
                 while _alive(meta) and time.monotonic() < deadline:
                     time.sleep(0.01)
             cgroups.remove(meta.get("cgroups") or [])
+        _unmount(directory / "disk")
         shutil.rmtree(directory, ignore_errors=True)
+        _reap_keepers()
 
     def list_handles(self) -> dict[str, dict[str, str]]:
         if not self.root.is_dir():
@@ -178,7 +224,14 @@ class LocalProvider:
         timeout_s: float | None = None,
         cancelled: Cancelled | None = None,
     ) -> str:
-        request = protocol.build_request(name, input, timeout_s=timeout_s)
+        return self._call(handle, protocol.build_request(name, input, timeout_s=timeout_s), cancelled)
+
+    def reset(self, handle: str) -> None:
+        """For a sandbox that changed hands: the connection's peer check proves the channel is the one
+        made at provisioning, and the daemon stops the old holder's calls and starts a new shell."""
+        self._call(handle, protocol.reset_request(), None)
+
+    def _call(self, handle: str, request: protocol.Request, cancelled: Cancelled | None) -> str:
         meta = self._meta(handle)
         if meta is None:
             raise SandboxGone(self._gone_reason(handle))
@@ -228,13 +281,14 @@ class LocalProvider:
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                _connect_without_symlinks(sock, self._directory(handle), ("tmp", ".toolbox", "daemon.sock"))
+                _connect_without_symlinks(sock, self._directory(handle), CONTROL_SOCKET)
+                _check_peer(sock, meta)
                 return sock
-            except _NotASocket as error:
-                sock.close()
-                raise SandboxError(f"cannot reach the sandbox's toolbox: {error}") from None
             except (FileNotFoundError, ConnectionRefusedError):
                 sock.close()
+            except SandboxError:
+                sock.close()
+                raise
             except OSError as error:
                 sock.close()
                 raise SandboxError(f"cannot reach the sandbox's toolbox: {error}") from None
@@ -246,7 +300,7 @@ class LocalProvider:
 
     def copy_in(self, handle: str, archive: bytes) -> None:
         """Unpack a tar (paths relative to /workspace) into the workspace, owned by the sandbox's user."""
-        workspace = self._directory(handle) / "workspace"
+        workspace = self._directory(handle) / "disk" / "workspace"
         if not workspace.is_dir():
             raise SandboxGone(self._gone_reason(handle))
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
@@ -263,6 +317,24 @@ class LocalProvider:
             raise SandboxGone(f"{handle!r} is not a local sandbox handle")
         return self.root / handle
 
+    def rootfs_of(self, image: str) -> Path:
+        """The unpacked file system of `image`: a folder only root or this process's user may change."""
+        path = self.rootfs / re.sub(r"[^A-Za-z0-9._-]", "_", image)
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            raise SandboxError(
+                f"there is no root file system for the image {image!r} at {path}: `SANDBOX_IMAGE={image} "
+                "scripts/build-image.sh` unpacks it (from the Docker engine's image of that name, or the one "
+                "it builds)"
+            ) from None
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
+            raise SandboxError(
+                f"the root file system {path} must be a folder owned by root (or uid {os.geteuid()}) that no one "
+                "else may write: unpack it again with scripts/build-image.sh --force"
+            )
+        return path
+
     def _meta(self, handle: str) -> dict[str, Any] | None:
         try:
             meta: dict[str, Any] = json.loads((self._directory(handle) / "sandbox.json").read_text())
@@ -275,65 +347,51 @@ class LocalProvider:
             return "the local sandbox no longer exists (its directory was removed)"
         return "the local sandbox's processes are gone (killed, or its toolbox exited)"
 
-    def _make_directory(self, directory: Path) -> None:
+    def _make_directory(self, directory: Path, *, disk_mb: int | None) -> None:
         self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
         directory.mkdir(mode=0o711)
-        for name in ("workspace", "tmp", "home", "etc"):
-            (directory / name).mkdir(mode=0o755)
+        (directory / "control").mkdir(mode=0o700)
+        (directory / "etc").mkdir(mode=0o755)
         (directory / "etc" / "passwd").write_text(
             "root:x:0:0:root:/root:/usr/sbin/nologin\n"
             f"sandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:/home/sandbox:/bin/bash\n"
             "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
         )
         (directory / "etc" / "group").write_text(f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\nnogroup:x:65534:\n")
+        (directory / "etc" / "hosts").write_text(HOSTS)
+        disk = directory / "disk"
+        disk.mkdir(mode=0o755)
+        if disk_mb:
+            _mount_disk(directory / "disk.img", disk, size_mb=disk_mb)
+        for name in ("workspace", "tmp", "home"):
+            (disk / name).mkdir(mode=0o755)
         if self.run_as:
             for name in ("workspace", "tmp", "home"):
-                os.chown(directory / name, *self.run_as)
-            (directory / "tmp").chmod(0o1777)
+                os.chown(disk / name, *self.run_as)
+            (disk / "tmp").chmod(0o1777)
 
-    def _command(
-        self, bwrap: str, directory: Path, resources: Resources, *, info_fd: int, cgroup: bool
+    def _options(
+        self, rootfs: Path, directory: Path, resources: Resources, *, seccomp_fd: int, info_fd: int
     ) -> list[str]:
-        command = [
-            bwrap,
-            "--unshare-all",
-            "--unshare-user",
-            "--uid",
-            str(SANDBOX_UID),
-            "--gid",
-            str(SANDBOX_UID),
-        ]
+        """bwrap's options, which it reads from a file descriptor: none shows in /proc/*/cmdline."""
+        options = ["--unshare-all", "--unshare-user", "--disable-userns"]
+        options += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
         if resources.network:
-            command.append("--share-net")
-        command += [
-            "--new-session",
-            "--cap-drop",
-            "ALL",
-            "--hostname",
-            "sandbox",
-            "--ro-bind",
-            "/usr",
-            "/usr",
-        ]
-        for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-            path = Path("/") / name
-            if path.is_symlink():
-                command += ["--symlink", os.readlink(path), str(path)]
-            elif path.is_dir():
-                command += ["--ro-bind", str(path), str(path)]
-        etc = [Path("/etc") / name for name in ETC_ALLOWLIST] + sorted(Path("/etc").glob("python3*"))
-        if resources.network:
-            etc.append(Path("/etc/resolv.conf"))
-        for path in etc:
-            if path.exists():
-                command += ["--ro-bind", str(path), str(path)]
-        for name in ("passwd", "group"):
-            command += ["--ro-bind", str(directory / "etc" / name), f"/etc/{name}"]
-        command += ["--proc", "/proc", "--dev", "/dev"]
-        command += ["--bind", str(directory / "workspace"), "/workspace"]
-        command += ["--bind", str(directory / "tmp"), "/tmp"]
-        command += ["--bind", str(directory / "home"), "/home/sandbox"]
-        command += ["--ro-bind", str(SOURCE_DIR), SANDBOX_DIR, "--chdir", SANDBOX_PARENT, "--clearenv"]
+            options.append("--share-net")
+        options += ["--new-session", "--die-with-parent", "--cap-drop", "ALL", "--hostname", "sandbox"]
+        options += ["--ro-bind", str(rootfs), "/"]
+        for name in ("passwd", "group", "hosts"):
+            options += ["--ro-bind", str(directory / "etc" / name), f"/etc/{name}"]
+        if resources.network and Path("/etc/resolv.conf").exists():
+            options += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
+        options += ["--proc", "/proc", "--dev", "/dev"]
+        options += ["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
+        options += ["--remount-ro", "/dev"]  # after /dev/shm: bwrap's /dev is writable otherwise
+        disk = directory / "disk"
+        options += ["--bind", str(disk / "workspace"), "/workspace"]
+        options += ["--bind", str(disk / "tmp"), "/tmp"]
+        options += ["--bind", str(disk / "home"), "/home/sandbox"]
+        options += ["--ro-bind", str(SOURCE_DIR), SANDBOX_DIR, "--chdir", SANDBOX_PARENT, "--clearenv"]
         env = {
             "PATH": SANDBOX_PATH,
             "HOME": "/home/sandbox",
@@ -345,14 +403,77 @@ class LocalProvider:
             PIDS_LIMIT_ENV: str(resources.pids),
         }
         for name, value in env.items():
-            command += ["--setenv", name, value]
-        command += ["--info-fd", str(info_fd), "--", *DAEMON_COMMAND]
+            options += ["--setenv", name, value]
+        options += ["--seccomp", str(seccomp_fd), "--info-fd", str(info_fd)]
+        return options
+
+    def _command(self, resources: Resources, *, args_fd: int, listen_fd: int, cgroup: bool) -> list[str]:
+        """What the keeper runs; bwrap's init keeps it as its /proc/1/cmdline: no host path in it."""
+        command = ["bwrap", "--args", str(args_fd), "--", *DAEMON_COMMAND, "--listen-fd", str(listen_fd)]
         if not cgroup:
             command += ["--max-processes", str(resources.pids), "--max-memory-mb", str(resources.memory_mb)]
         if self.run_as:
             uid, gid = self.run_as
             command = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *command]
         return command
+
+
+# -- the server's hold on a root
+
+_held: dict[Path, int] = {}
+
+
+def default_root() -> Path:
+    return Path(
+        os.environ.get("WORKBENCH_LOCAL_SANDBOXES") or Path(tempfile.gettempdir()) / "workbench-sandboxes"
+    )
+
+
+def hold_root(root: Path) -> None:
+    """Hold a shared lock on the root's liveness file for as long as this process lives.
+
+    Each sandbox's keeper ends it once no process holds one (keeper.py): the sandboxes of a root live
+    while any process of the server that uses it does. The descriptor is inherited by fork (a Celery
+    pool's children share the parent's hold) and closed on exec.
+    """
+    root = root.absolute()
+    if root in _held:
+        return
+    root.mkdir(mode=0o711, parents=True, exist_ok=True)
+    fd = os.open(root / ALIVE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    _held[root] = fd
+
+
+# -- the toolbox's channel
+
+
+def _control_socket(directory: Path) -> socket.socket:
+    """The daemon's socket, bound in a folder the sandbox never sees (the keeper listens on it)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        fd = os.open(directory / CONTROL_SOCKET[0], os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            # Through /proc/self/fd: a socket path may be at most ~108 bytes, a root's path longer.
+            sock.bind(f"/proc/self/fd/{fd}/{CONTROL_SOCKET[1]}")
+        finally:
+            os.close(fd)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _check_peer(sock: socket.socket, meta: dict[str, Any]) -> None:
+    """Refuse a socket that the sandbox's keeper did not listen on (SO_PEERCRED names the process
+    that called listen): whoever put another one in its place, the call's input does not go to it."""
+    pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    keeper = meta["keeper"]
+    if (pid, uid) != (keeper["pid"], keeper["uid"]):
+        raise SandboxError(
+            f"refusing the sandbox's toolbox socket: pid {pid} (uid {uid}) listens on it, not the sandbox's "
+            f"keeper (pid {keeper['pid']}); terminate the sandbox and provision a new one"
+        )
 
 
 class _NotASocket(OSError):
@@ -362,10 +483,8 @@ class _NotASocket(OSError):
 def _connect_without_symlinks(sock: socket.socket, directory: Path, parts: tuple[str, ...]) -> None:
     """Connect to the socket at directory/parts, following no symlink on the way.
 
-    The sandbox owns everything under its tmp/: a symlink planted there must not make the provider
-    (often root) connect to some other socket of the host. Each step is opened with O_NOFOLLOW and
-    the connection goes to the inode found, through /proc/self/fd (which also lifts the ~108-byte
-    limit on socket paths).
+    Each step is opened with O_NOFOLLOW and the connection goes to the inode found, through
+    /proc/self/fd (which also lifts the ~108-byte limit on socket paths).
     """
     fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
@@ -375,32 +494,83 @@ def _connect_without_symlinks(sock: socket.socket, directory: Path, parts: tuple
             os.close(fd)
             fd = next_fd
         if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-            raise _NotASocket(f"{directory.joinpath(*parts)} is not a socket (the sandbox replaced it)")
+            raise _NotASocket(f"{directory.joinpath(*parts)} is not a socket")
         sock.connect(f"/proc/self/fd/{fd}")
     finally:
         os.close(fd)
 
 
-# bwrap processes this one started: polled now and then so that none stays a zombie here.
-_spawned: list[subprocess.Popen[bytes]] = []
+# -- the disk
 
 
-def _spawn(command: list[str], *, log: Path, groups: list[str], pass_fd: int) -> subprocess.Popen[bytes]:
-    """Start bwrap in its own session, so that the sandbox does not depend on this process."""
-    _spawned[:] = [process for process in _spawned if process.poll() is None]
-    with open(log, "wb") as output:
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=output,
-            pass_fds=(pass_fd,),
-            start_new_session=True,
-            preexec_fn=(lambda: cgroups.join(groups)) if groups else None,
-            cwd="/",
+def _mount_disk(image: Path, mountpoint: Path, *, size_mb: int) -> None:
+    """A sparse ext4 image of `size_mb`, loop-mounted: the sandbox's writable folders live in it."""
+    with open(image, "wb") as file:
+        file.truncate(size_mb * 1024 * 1024)
+    env = {"PATH": SANDBOX_PATH}
+    for command in ([*MKFS, str(image)], ["mount", "-o", MOUNT_OPTIONS, str(image), str(mountpoint)]):
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SandboxError(
+                f"cannot make the sandbox's {size_mb} MB disk ({command[0]}: {done.stderr.strip()}); set "
+                "SANDBOX_DISK_QUOTA=off to run sandboxes without a disk quota"
+            )
+
+
+def _unmount(mountpoint: Path) -> None:
+    if os.path.ismount(mountpoint):
+        subprocess.run(
+            ["umount", "--lazy", str(mountpoint)],
+            env={"PATH": SANDBOX_PATH},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
         )
-    _spawned.append(process)
+
+
+# -- starting bwrap
+
+# Keepers this process started: polled now and then so that none stays a zombie here.
+_keepers: list[subprocess.Popen[bytes]] = []
+
+
+def _reap_keepers() -> None:
+    _keepers[:] = [process for process in _keepers if process.poll() is None]
+
+
+def _spawn_keeper(
+    root: Path, directory: Path, command: list[str], *, groups: list[str], pass_fds: list[int], listen_fd: int
+) -> subprocess.Popen[bytes]:
+    """Start the sandbox's keeper (which starts bwrap) in its own session, so that the sandbox does
+    not depend on this process; `-I -S`: a bare interpreter, which starts fastest."""
+    _reap_keepers()
+    keeper = [sys.executable, "-I", "-S", str(KEEPER), "--lock", str(root.absolute() / ALIVE)]
+    keeper += ["--log", str(directory / "bwrap.log"), "--listen-fd", str(listen_fd)]
+    for fd in pass_fds:
+        keeper += ["--fd", str(fd)]
+    for group in groups:
+        keeper += ["--cgroup", group]
+    if os.path.ismount(directory / "disk"):
+        keeper += ["--unmount", str(directory / "disk"), "--remove", str(directory / "disk.img")]
+    process = subprocess.Popen(
+        [*keeper, "--", *command],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        pass_fds=pass_fds,
+        start_new_session=True,
+        env={"PATH": SANDBOX_PATH},
+        cwd="/",
+    )
+    _keepers.append(process)
     return process
+
+
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _child_pid(process: subprocess.Popen[bytes], info: int) -> int:
@@ -419,7 +589,7 @@ def _child_pid(process: subprocess.Popen[bytes], info: int) -> int:
                     break
         elif process.poll() is not None:
             break
-    raise SandboxError(f"bwrap exited with code {process.poll()} before the sandbox started")
+    raise SandboxError(f"bwrap exited (its keeper with code {process.poll()}) before the sandbox started")
 
 
 def _start_time(pid: int) -> int | None:

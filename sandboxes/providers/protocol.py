@@ -25,6 +25,8 @@ HARD_DEADLINE_GRACE_S = 10.0
 POLL_S = 0.2
 CANCEL_CONFIRM_S = 0.8
 MAX_REPLY_BYTES = 4 * 1024 * 1024
+# The daemon's own limit (daemon.RESET_TIMEOUT_S) and a margin for starting the new shell.
+RESET_TIMEOUT_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,11 @@ def build_request(name: str, input: dict[str, Any], *, timeout_s: float | None) 
     call_id = uuid.uuid4().hex[:16]
     payload = json.dumps({"id": call_id, "tool": name, "input": input, "timeout": limit}).encode()
     return Request(call_id, payload, limit)
+
+
+def reset_request() -> Request:
+    """What `Provider.reset` sends: the daemon stops every call and starts a new shell (a few seconds)."""
+    return Request(uuid.uuid4().hex[:16], json.dumps({"reset": True}).encode(), RESET_TIMEOUT_S)
 
 
 def parse_reply(data: bytes) -> str:

@@ -11,11 +11,14 @@ SOURCE_DIR = Path(__file__).resolve().parent
 SANDBOX_PARENT = "/opt/workbench"
 SANDBOX_DIR = SANDBOX_PARENT + "/toolbox"
 CLIENT = SANDBOX_DIR + "/client.py"
+SANDBOX_UID = 1000
 # Started from SANDBOX_PARENT; -E -s: the sandbox's PYTHON* variables and user site do not apply.
+# The daemon serves a socket its launcher listens on: add `--listen-fd N`.
 DAEMON_COMMAND = ["python3", "-E", "-s", "-m", "toolbox.daemon"]
+# Docker's first process, as root: it listens, and forks the daemon as the sandbox user.
+SUPERVISOR_COMMAND = ["python3", "-E", "-s", "-m", "toolbox.supervisor", "--uid", str(SANDBOX_UID)]
 # -I -S: no site, no environment, no script directory: a bare interpreter starts fastest.
 CLIENT_COMMAND = ["python3", "-I", "-S", CLIENT]
-SANDBOX_UID = 1000
 
 
 def source_files() -> list[Path]:

@@ -1,73 +1,59 @@
-"""Relay one request to the toolbox daemon: runs inside the sandbox, once per tool call.
+"""Relay one request to the toolbox daemon: runs inside a docker sandbox, as root, once per tool call.
 
 The provider runs `python3 -I -S client.py` (one `docker exec`), writes the request to its stdin and
 reads the daemon's reply from its stdout. The relay neither parses nor builds JSON: it only moves
-bytes, so it starts in about the time of a bare interpreter. If no daemon answers (it was never
-started, or the model killed it), the client starts one and waits for its socket.
+bytes, so it starts in about the time of a bare interpreter.
 
-This file is also the one source of the daemon's paths: the daemon and the providers import them.
+The socket is the supervisor's (see `supervisor.py`): bound in SOCKET_DIR, which only root may write,
+and listened on by root. Before sending anything the client asks the kernel who listens
+(SO_PEERCRED gives the credentials of the process that called listen); anything but root is some
+process of the sandbox's own, and the call is refused. While a daemon restarts, a connection waits in
+the socket's backlog; the client starts nothing itself.
+
+This file is also the one source of the toolbox's paths: the daemon and the providers import them.
 """
 
 # `socket` imports `enum` and costs ~12 ms at start-up, the bulk of this program's run time; the
 # C module has everything a unix-socket client needs.
 import _socket
-import os
 import sys
 import time
 
+SOCKET_DIR = "/run/toolbox"
+SOCKET_PATH = SOCKET_DIR + "/daemon.sock"
+LISTENER_UID = 0
+# The daemon's own files (call scripts, outputs, its log): the sandbox user's, as its commands are.
 RUNTIME_DIR = "/tmp/.toolbox"
-SOCKET_PATH = RUNTIME_DIR + "/daemon.sock"
-LOCK_PATH = RUNTIME_DIR + "/daemon.lock"
-PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAEMON_START_TIMEOUT_S = 10.0
 
 
-def _daemon_running():
-    """Whether a daemon holds the lock (it may still be starting and not listen yet)."""
-    import fcntl
-
-    try:
-        fd = os.open(LOCK_PATH, os.O_RDWR)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+class NotTheToolbox(OSError):
+    pass
 
 
-def _start_daemon():
-    import subprocess
-
-    subprocess.run(
-        [sys.executable, "-E", "-s", "-m", "toolbox.daemon", "--detach"],
-        cwd=PACKAGE_PARENT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        check=False,
-    )
-
-
-def connect(path=SOCKET_PATH, timeout_s=DAEMON_START_TIMEOUT_S):
+def connect(path=SOCKET_PATH, timeout_s=DAEMON_START_TIMEOUT_S, listener_uid=LISTENER_UID):
+    """A connection to the toolbox's socket, once it exists (the container may be starting), that a
+    process of `listener_uid` listens on."""
     deadline = time.monotonic() + timeout_s
-    started = False
     while True:
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             sock.connect(path)
-            return sock
+            break
         except (FileNotFoundError, ConnectionRefusedError):
             sock.close()
-        if not started and not _daemon_running():
-            _start_daemon()
-            started = True
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the toolbox daemon did not answer on {path} within {timeout_s:.0f} s")
+            raise TimeoutError(f"nothing listens on {path} after {timeout_s:.0f} s")
         time.sleep(0.005)
+    # struct ucred: pid, uid, gid, each a C int
+    uid = int.from_bytes(sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)[4:8], sys.byteorder)
+    if uid != listener_uid:
+        sock.close()
+        raise NotTheToolbox(
+            f"{path} is listened on by a process of uid {uid}, not root as the toolbox's supervisor is: "
+            "a process in the sandbox replaced it, so the call was refused"
+        )
+    return sock
 
 
 def _fail(kind, message):
@@ -103,7 +89,7 @@ def main():
     if not replied:
         return _fail(
             "failed",
-            "the sandbox's toolbox ended during the call (was it killed?); the next call starts a new one",
+            "the sandbox's toolbox ended during the call (was it killed?); a new one takes the next call",
         )
     return 0
 

@@ -1,16 +1,22 @@
 """The toolbox daemon: owns the sandbox's persistent shell and runs the tool calls sent to its socket.
 
-One daemon per sandbox, started with the sandbox (docker: by the container's command, detached; local:
-as the sandbox's main process) and listening on a unix socket in RUNTIME_DIR. A request is one JSON
-object, sent whole before the sender shuts down its side of the connection; the reply is one JSON
-object, after which the daemon closes the connection:
+One daemon per sandbox, serving a unix socket its launcher already listens on; it never binds one
+itself, so no socket path the sandbox user can write is ever the channel. In docker the supervisor
+(the container's first process, as root) forks it, and it drops to the sandbox user without exec (see
+`supervisor.py`); the local provider starts it as the sandbox's main process with the host's listening
+socket (`--listen-fd`). Either way it is not dumpable: the sandbox's other processes, of the same uid,
+can neither trace it nor take its descriptors. A request is one JSON object, sent whole before the
+sender shuts down its side of the connection; the reply is one JSON object, after which the daemon
+closes the connection:
 
     {"id": "<call id>", "tool": "bash", "input": {...}, "timeout": 120}
     {"cancel": "<call id>"}
+    {"reset": true}    the sandbox changed hands: stop every call and start a new shell (the files
+                       and the processes already running stay)
     -> {"ok": true, "output": "..."}
     -> {"ok": false, "error": "input" | "failed" | "sandbox", "message": "..."}
 
-Run: cd /opt/workbench && python3 -E -s -m toolbox.daemon [--detach]
+Run: cd /opt/workbench && python3 -E -s -m toolbox.daemon --listen-fd N [--max-processes N] [--max-memory-mb N]
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import fcntl
+import ctypes
 import json
 import os
 import re
@@ -30,7 +36,7 @@ import traceback
 from typing import Any
 
 from .call import Call
-from .client import LOCK_PATH, RUNTIME_DIR, SOCKET_PATH
+from .client import RUNTIME_DIR
 from .errors import Failed, InputError
 from .files import WORKSPACE
 from .procs import PIDS_LIMIT_ENV, PidsWatchdog, pids_limit
@@ -43,6 +49,13 @@ CALL_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 DEFAULT_TIMEOUT_S = 120.0
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 AT_LIMIT = "the sandbox is at its process limit: try again in a moment, or restart the shell (restart: true)"
+# A stopped call needs up to shell.INTERRUPT_GRACE_S to end before its shell can be replaced.
+RESET_TIMEOUT_S = 10.0
+HANDED_OVER_NOTE = (
+    "[a new shell was started, as this sandbox changed hands: its files and running processes were kept; "
+    "the old shell's working directory, variables, functions and jobs are gone]"
+)
+PR_SET_DUMPABLE = 4
 
 
 def _error(kind: str, message: str) -> dict[str, Any]:
@@ -83,6 +96,12 @@ class Daemon:
         if "cancel" in request:
             self.cancel(str(request["cancel"]))
             return {"ok": True, "output": ""}
+        if request.get("reset") is True:
+            try:
+                self.reset()
+            except Failed as error:
+                return _error("failed", str(error))
+            return {"ok": True, "output": ""}
         call_id = request.get("id")
         if not isinstance(call_id, str) or not CALL_ID.fullmatch(call_id):
             raise ValueError("id must be 1 to 64 letters, digits, - or _")
@@ -116,6 +135,14 @@ class Daemon:
             else:
                 self._early_cancels.append(call_id)
 
+    def reset(self) -> None:
+        """Serve a new holder: the previous one's calls stop, and its shell's state does not carry over."""
+        with self._lock:
+            for call in self._calls.values():
+                call.cancel.set()
+            self._early_cancels.clear()
+        self.toolset.shell.renew(HANDED_OVER_NOTE, timeout_s=RESET_TIMEOUT_S)
+
 
 def _receive(conn: socket.socket) -> bytes:
     chunks: list[bytes] = []
@@ -128,15 +155,6 @@ def _receive(conn: socket.socket) -> bytes:
         if size > MAX_REQUEST_BYTES:
             raise ValueError(f"larger than {MAX_REQUEST_BYTES // (1024 * 1024)} MiB")
         chunks.append(chunk)
-
-
-def _detach() -> None:
-    """Become a daemon: the launching process returns at once, this one lives on in its own session."""
-    if os.fork():
-        os._exit(0)
-    os.setsid()
-    if os.fork():
-        os._exit(0)
 
 
 def _sandbox_identity() -> str:
@@ -164,33 +182,44 @@ def _first_start() -> bool:
     return seen != identity
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="toolbox.daemon", description=__doc__.splitlines()[0])
-    parser.add_argument("--detach", action="store_true", help="run in the background, in its own session")
-    parser.add_argument("--max-processes", type=int, help="RLIMIT_NPROC for the daemon and all it starts")
-    parser.add_argument("--max-memory-mb", type=int, help="RLIMIT_AS (per process) for the same")
-    args = parser.parse_args(argv)
+def make_undumpable() -> None:
+    """Keep the sandbox's other processes, of the same uid, from tracing this one or reading its
+    descriptors (/proc/PID/fd, pidfd_getfd): the listening socket above all. A process that changed
+    its uid is already so; one started by exec as the sandbox user is not."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def inherited_listener(fd: int) -> socket.socket:
+    """The listening unix socket at `fd`, close-on-exec from now on: no tool or shell inherits it."""
+    try:
+        os.set_inheritable(fd, False)
+        listener = socket.socket(fileno=fd)
+    except OSError as error:
+        raise SystemExit(f"--listen-fd {fd} is not an open socket: {error}") from None
+    if listener.family != socket.AF_UNIX or not listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        raise SystemExit(f"--listen-fd {fd} is not a unix socket that listens")
+    return listener
+
+
+def set_limits(*, max_processes: int | None, max_memory_mb: int | None) -> None:
     # Set inside the sandbox's user namespace, RLIMIT_NPROC counts this sandbox's processes only.
-    if args.max_processes:
-        resource.setrlimit(resource.RLIMIT_NPROC, (args.max_processes, args.max_processes))
-    if args.max_memory_mb:
-        limit = args.max_memory_mb * 1024 * 1024
+    if max_processes:
+        resource.setrlimit(resource.RLIMIT_NPROC, (max_processes, max_processes))
+    if max_memory_mb:
+        limit = max_memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
+
+def run(listener: socket.socket) -> int:
+    """Serve the sandbox's calls on `listener` until killed (the caller set the user and the limits)."""
     os.makedirs(RUNTIME_DIR, mode=0o700, exist_ok=True)
-    if args.detach:
-        _detach()
     log = os.open(LOG_PATH, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)
     os.dup2(log, 2)  # sys.stderr now writes to the log: tracebacks of the toolbox's own failures
-
-    lock = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return 0  # another daemon runs (or is starting) in this sandbox
 
     env = {name: value for name, value in os.environ.items() if name != PIDS_LIMIT_ENV}
     cwd = WORKSPACE if os.path.isdir(WORKSPACE) else env.get("HOME", "/")
@@ -209,14 +238,26 @@ def main(argv: list[str] | None = None) -> int:
         )
         PidsWatchdog(limit, lambda: shell.contain(note)).start()
 
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(SOCKET_PATH)
-    listener.bind(SOCKET_PATH)
-    os.chmod(SOCKET_PATH, 0o600)
-    listener.listen(64)
     Daemon(Toolset(shell)).serve(listener)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="toolbox.daemon", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--listen-fd",
+        type=int,
+        required=True,
+        metavar="N",
+        help="serve on this inherited unix socket, which already listens",
+    )
+    parser.add_argument("--max-processes", type=int, help="RLIMIT_NPROC for the daemon and all it starts")
+    parser.add_argument("--max-memory-mb", type=int, help="RLIMIT_AS (per process) for the same")
+    args = parser.parse_args(argv)
+    listener = inherited_listener(args.listen_fd)
+    make_undumpable()
+    set_limits(max_processes=args.max_processes, max_memory_mb=args.max_memory_mb)
+    return run(listener)
 
 
 if __name__ == "__main__":

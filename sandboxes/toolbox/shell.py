@@ -38,7 +38,10 @@ PROMPT = re.compile(rb"\x1eTB([0-9A-Za-z_-]+):(\d+)\x1f")
 # Escalation when a call must stop: Ctrl-C twice, then SIGKILL of the foreground job, then a new shell
 # if bash is not back at its prompt within this many seconds.
 INTERRUPT_GRACE_S = 3.0
+# Under memory pressure the kernel should kill a command, not the daemon. Bash sets it for itself and
+# what it starts: until exec, the child of a daemon that is not dumpable may not write its own /proc files.
 SETUP = (
+    "echo 500 > /proc/self/oom_score_adj; "
     "unset HISTFILE PROMPT_COMMAND; set +o history; PS0=; PS2=; "
     "export PAGER=cat GIT_PAGER=cat GIT_EDITOR=true EDITOR=true VISUAL=true TERM=dumb; "
 )
@@ -69,9 +72,6 @@ class _Bash:
             try:
                 os.dup2(commands, 0)
                 os.chdir(cwd)
-                # Under memory pressure the kernel should kill the command, not the daemon.
-                with open("/proc/self/oom_score_adj", "w") as file:
-                    file.write("500")
                 os.execvpe("bash", ["bash", "--noprofile", "--norc", "--noediting", "-i"], env)
             finally:
                 os._exit(127)
@@ -131,9 +131,17 @@ class _Bash:
                 return None
             time.sleep(0.01)
 
-    def stop(self) -> None:
-        """Kill the shell and every process started from it (its session), then close the terminal."""
-        kill_session(self.pid)
+    def stop(self, *, keep_jobs: bool = False) -> None:
+        """Kill the shell and every process started from it (its session), then close the terminal.
+
+        With `keep_jobs`, only bash is killed: its jobs, each in a process group of its own, get no
+        SIGHUP from a shell killed outright, and live on without a terminal.
+        """
+        if keep_jobs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        else:
+            kill_session(self.pid)
         self.reap()
         for fd in (self.commands, self.master):
             with contextlib.suppress(OSError):
@@ -165,6 +173,21 @@ class Shell:
             self._announcements.clear()
             self.start()
         return "[the shell was restarted: " + RESET_NOTE + "]"
+
+    def renew(self, note: str, *, timeout_s: float) -> None:
+        """Replace bash by a new one once no command runs, keeping what the old one started running,
+        and say `note` with the next command's result."""
+        if not self._busy.acquire(timeout=timeout_s):
+            raise Failed(f"the shell stayed busy for {timeout_s:g} s, so it could not be replaced")
+        try:
+            if self._bash:
+                self._bash.stop(keep_jobs=True)
+                self._bash = None
+            self._announcements.clear()
+            self.start()
+            self.announce(note)
+        finally:
+            self._busy.release()
 
     def announce(self, note: str) -> None:
         """Say `note` with the next command's result (e.g. why the shell is new)."""

@@ -7,6 +7,7 @@ from typing import Any
 from django.db import transaction
 
 from harness.registry import validate_harness_name
+from sandboxes.repositories import without_token
 from sessions.models import Event, Session
 from sessions.services.lifecycle import queue_wake_if_pending
 from sessions.services.log import emit_event
@@ -16,33 +17,57 @@ from workbench.ids import new_id
 COPY_BATCH = 2000
 
 
-def session_fork(session_id: str, *, at_seq: int, harness: str | None = None, title: str | None = None) -> Session:
+def session_fork(
+    session_id: str, *, at_seq: int, harness: str | None = None, title: str | None = None
+) -> Session:
     """Copy events [0:at_seq] into a new session, record the fork, and let a brain continue it.
 
-    The copies are new events (new ids, no lease epoch); the origin's log is not touched.
+    The copies are new events (new ids, no lease epoch); the origin's log is not touched. A repository
+    token stays with the session it was given to: the fork's repositories have none.
     """
     origin = Session.objects.filter(id=session_id, deleted_at__isnull=True).first()
     if origin is None:
         raise NotFound(f"No session with id {session_id!r}.")
     if not isinstance(at_seq, int) or isinstance(at_seq, bool) or not 0 <= at_seq <= origin.next_seq:
-        raise InvalidRequest(f"'at_seq' must be an integer from 0 to {origin.next_seq} (the session's length), "
-                             f"not {at_seq!r}.")
+        raise InvalidRequest(
+            f"'at_seq' must be an integer from 0 to {origin.next_seq} (the session's length), not {at_seq!r}."
+        )
     if harness is not None:
         validate_harness_name(harness)
     with transaction.atomic():
         fork = Session.objects.create(
-            agent_id=origin.agent_id, agent_version=origin.agent_version, agent_snapshot=origin.agent_snapshot,
-            environment_id=origin.environment_id, title=title or f"Fork of {origin.title or origin.id} at {at_seq}",
-            metadata=dict(origin.metadata), resources=origin.resources, vault_ids=origin.vault_ids,
-            budget=origin.budget, forked_from=origin, forked_at_seq=at_seq,
+            agent_id=origin.agent_id,
+            agent_version=origin.agent_version,
+            agent_snapshot=origin.agent_snapshot,
+            environment_id=origin.environment_id,
+            title=title or f"Fork of {origin.title or origin.id} at {at_seq}",
+            metadata=dict(origin.metadata),
+            resources=[without_token(r) for r in origin.resources],
+            vault_ids=origin.vault_ids,
+            budget=origin.budget,
+            forked_from=origin,
+            forked_at_seq=at_seq,
         )
         status = Session.Status.IDLE
         for start in range(0, at_seq, COPY_BATCH):
-            rows = list(Event.objects.filter(session_id=session_id, seq__gte=start,
-                                             seq__lt=min(start + COPY_BATCH, at_seq)).order_by("seq"))
-            Event.objects.bulk_create([
-                Event(uid=new_id("sevt"), session=fork, seq=row.seq, type=row.type, payload=row.payload,
-                      processed_at=row.processed_at) for row in rows])
+            rows = list(
+                Event.objects.filter(
+                    session_id=session_id, seq__gte=start, seq__lt=min(start + COPY_BATCH, at_seq)
+                ).order_by("seq")
+            )
+            Event.objects.bulk_create(
+                [
+                    Event(
+                        uid=new_id("sevt"),
+                        session=fork,
+                        seq=row.seq,
+                        type=row.type,
+                        payload=row.payload,
+                        processed_at=row.processed_at,
+                    )
+                    for row in rows
+                ]
+            )
             status = next((_status(row) for row in reversed(rows) if _status(row)), status)
         Session.objects.filter(id=fork.id).update(next_seq=at_seq, status=status)
         emit_event(fork.id, {"type": "fork.created", "from_session": origin.id, "through_seq": at_seq})

@@ -12,6 +12,7 @@ from harness.agent_config import normalise_agent_config
 from harness.agents import get_agent_version
 from harness.registry import validate_harness_name
 from sandboxes.environments import get_environment
+from sandboxes.repositories import checked_repository
 from sessions.event_types import validate_sendable
 from sessions.models import Event, Session
 from sessions.services.log import SessionClosed, SessionNotFound, emit_event, emit_events
@@ -69,13 +70,8 @@ def _resources(value: Any) -> list[dict[str, Any]]:
         kind = expect(resource, dict, f"'{where}'").get("type")
         if kind == "github_repository":
             no_unknown_fields(resource, ("type", "url", "authorization_token", "checkout", "mount_path"), where)
-            url = text(resource, "url", where, required=True, min_length=1)
-            name = url.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
-            item = {"type": kind, "id": new_id("sres"), "url": url,
-                    "mount_path": text(resource, "mount_path", where, default=f"/workspace/{name}"),
-                    "checkout": resource.get("checkout"), "created_at": now, "updated_at": now}
-            if resource.get("authorization_token"):
-                item["authorization_token"] = text(resource, "authorization_token", where)
+            item = {"type": kind, "id": new_id("sres"), **checked_repository(resource, where),
+                    "created_at": now, "updated_at": now}
         elif kind == "file":
             no_unknown_fields(resource, ("type", "file_id", "mount_path"), where)
             file_id = text(resource, "file_id", where, required=True, min_length=1)
@@ -126,9 +122,9 @@ def _check_references(session_id: str, events: list[dict[str, Any]]) -> None:
 
 
 def _wake(session_id: str) -> None:
-    from harness.tasks import wake
+    from harness.tasks import queue_wake
 
-    wake.delay(session_id)
+    queue_wake(session_id)
 
 
 def _queue_wake(session_id: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -14,6 +15,7 @@ from psycopg.types.json import Jsonb
 
 from sessions.broadcast import publish_event
 from sessions.models import Event, Session
+from workbench.api.validation import NOT_TEXT
 from workbench.ids import new_id
 
 # Status events set the session's status in the transaction that appends them.
@@ -97,6 +99,32 @@ def insert_sql(count: int) -> str:
     return f"INSERT INTO agent_sessions_event {_COLUMNS} VALUES {rows} RETURNING id"
 
 
+def storable(value: Any) -> Any:
+    """`value` (a JSON-shaped event) with each NUL and unpaired surrogate in its strings, keys included,
+    spelled out as the six characters of its JSON escape: U+0000 becomes the text `\\u0000`, U+D800 `\\ud800`.
+
+    PostgreSQL refuses U+0000 in jsonb, and an unpaired surrogate cannot be encoded as UTF-8 (for the model's
+    request, or the database), so an event holding one would fail every wake that writes or reads it. Users'
+    text holding them is refused at the /v1 edge; what the platform itself writes (the model's output, tool
+    results, errors) is kept, visibly escaped rather than dropped, so a reader sees what was there. A tool call
+    runs with its stored input, escapes included.
+    """
+    if isinstance(value, str):
+        # Most text is ASCII, which only a NUL can spoil: two scans in C, much faster than the pattern.
+        if value.isascii() and "\x00" not in value:
+            return value
+        return NOT_TEXT.sub(_escape, value)
+    if isinstance(value, dict):
+        return {storable(key): storable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [storable(item) for item in value]
+    return value
+
+
+def _escape(found: re.Match[str]) -> str:
+    return f"\\u{ord(found.group()):04x}"
+
+
 Item = tuple[dict[str, Any], str | None]
 Rows = list[tuple[str, str, dict[str, Any], str | None]]  # (type, uid, payload, key) of each event
 
@@ -126,7 +154,7 @@ def emit_events(session_id: str, items: list[Item], *, epoch: int | None = None,
     """
     rows = []
     for event, key in items:
-        body = dict(event)
+        body = storable(event)
         event_type = body.pop("type")
         uid = body.pop("id", None) or new_id("sevt")
         body.pop("processed_at", None)

@@ -17,7 +17,7 @@ def user_message(text: str = "hi") -> dict:
 
 def new_session(api) -> str:
     agent = api.post("/v1/agents", {"name": "a", "model": "claude-sonnet-5-5"}).json()
-    env = api.post("/v1/environments", {"name": "e", "config": {"type": "cloud"}}).json()
+    env = api.post("/v1/environments", {"name": f"e {agent['id']}", "config": {"type": "cloud"}}).json()
     response = api.post("/v1/sessions", {"agent": agent["id"], "environment_id": env["id"]})
     assert response.status_code == 200, response.content
     return response.json()["id"]

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from sandboxes.providers.base import Provider, Resources
+from sandboxes.providers.base import Provider, Resources, SandboxError
 from tests.conftest import IN_CI, ROOT, require
 
 IMAGE = "workbench-sandbox:latest"
@@ -115,6 +115,11 @@ def local_provider() -> Iterator[Provider]:
     root = Path(tempfile.mkdtemp(prefix="workbench-test-sandboxes-"))
     root.chmod(0o711)
     provider = LocalProvider(root=root)
+    try:
+        provider.rootfs_of(IMAGE)
+    except SandboxError:
+        print("unpacking the local sandboxes' root file system with scripts/build-image.sh", file=sys.stderr)
+        subprocess.run([ROOT / "scripts" / "build-image.sh"], timeout=1800)
     yield provider
     for handle in provider.list_handles():
         provider.terminate(handle)

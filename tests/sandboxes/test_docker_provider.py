@@ -48,7 +48,8 @@ def test_the_container_is_hardened_and_limited_as_resources_say(new_sandbox: Any
     sandbox = new_sandbox(cpus=0.5, memory_mb=256, pids=100, env={"PROJECT": "demo"})
     config = api.inspect_container(sandbox.handle)
     host = config["HostConfig"]
-    assert config["Config"]["User"] == "1000:1000"
+    # Root is the toolbox's supervisor alone, with what it needs to drop to the sandbox user (uid 1000).
+    assert config["Config"]["User"] == "0:0" and host["CapAdd"] == ["SETUID", "SETGID"]
     assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges"]
     assert host["PidsLimit"] == 100 and host["NanoCpus"] == 500_000_000
     assert host["Memory"] == host["MemorySwap"] == 256 * 1024 * 1024

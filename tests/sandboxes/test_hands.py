@@ -19,6 +19,7 @@ from sandboxes.reaper import reap_idle, reap_orphans
 from sessions.selectors import get_events
 from sessions.services.lifecycle import session_archive, session_create, session_send_events
 from tests.conftest import ROOT, child_env, make_agent, make_environment
+from tests.git_server import git_http_server, make_repository
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TOOLSET = [{"type": "agent_toolset_20260401"}]
@@ -85,7 +86,7 @@ def test_a_transfer_keeps_files_and_a_background_process_alive(brains, api):
     assert response.status_code == 200, response.content
     assert response.json()["session_id"] == taker
     [(text, is_error)] = results(turn(taker, "/bash cat notes.txt; pgrep -f 'sleep 301' | wc -l"))
-    assert not is_error and text.splitlines() == ["kept", "1"]
+    assert not is_error and text.splitlines()[:2] == ["kept", "1"] and "a new shell was started" in text
     assert held(giver) == []
     detached = [e for e in get_events(giver) if e.type == "sandbox.detached"]
     attached = [e for e in get_events(taker) if e.type == "sandbox.attached"]
@@ -103,7 +104,12 @@ def test_a_brain_holds_several_named_hands_and_can_pass_one(brains):
     assert missing_error and "holds no sandbox named 'nope'" in missing and "main" in missing
     assert [hand.name for hand in held(session_id)] == ["main", "build"]
     events = turn(session_id, f'/tool transfer_sandbox {{"name": "build", "to_session": "{other}"}}')
-    assert not results(events)[0][1]
+    [use] = [e for e in events if e.type == "agent.tool_use"]
+    assert use.payload["evaluated_permission"] == "ask" and not results(events), "a transfer waits for the user"
+    session_send_events(session_id, {"events": [
+        {"type": "user.tool_confirmation", "tool_use_id": use.uid, "result": "allow"}]})
+    assert run_brain(session_id) == "idle"
+    assert not results(get_events(session_id, use.seq))[0][1]
     assert [hand.name for hand in held(other)] == ["build"]
 
 
@@ -214,22 +220,17 @@ def test_a_provider_that_is_down_gives_an_error_result_and_the_session_goes_idle
 
 
 def test_a_session_repository_is_cloned_into_its_sandbox_before_the_first_call_in_coupled_mode(brains, tmp_path):
-    origin = tmp_path / "origin"
-    origin.mkdir()
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(origin)]
-    subprocess.run(["git", "init", "-q", "-b", "main", str(origin)], check=True)
-    (origin / "README.md").write_text("hello from the repository\n")
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "first"], check=True)
+    make_repository(tmp_path / "served" / "origin.git", {"README.md": "hello from the repository\n"})
     environment_id = make_environment(config={"type": "cloud", "sandbox": {"provisioning": "eager"}})
-    session_id = session_create({
-        "agent": make_agent(tools=TOOLSET), "environment_id": environment_id,
-        "resources": [{"type": "github_repository", "url": f"file://{origin}", "mount_path": "/workspace/app"},
-                      {"type": "github_repository", "url": f"file://{tmp_path}/missing"}]}).id
-    events = turn(session_id, "/bash cat app/README.md; git -C app log --oneline | wc -l; stat -c %U app")
+    with git_http_server(tmp_path / "served") as server, override_settings(REPOSITORY_PLAIN_HOSTS=["127.0.0.1"]):
+        repositories = [{"type": "github_repository", "url": server.url("origin.git"), "mount_path": "/workspace/app"},
+                        {"type": "github_repository", "url": server.url("missing.git")}]
+        session_id = session_create({"agent": make_agent(tools=TOOLSET), "environment_id": environment_id,
+                                     "resources": repositories}).id
+        events = turn(session_id, "/bash cat app/README.md; git -C app log --oneline | wc -l; stat -c %U app")
     kinds = [e.type for e in events]
     assert kinds.index("sandbox.provisioned") < kinds.index("span.model_request_start")
     assert results(events) == [("hello from the repository\n1\nsandbox", False)]
     [error] = [e for e in events if e.type == "session.error"]
-    assert error.payload["error"]["type"] == "repository_clone_error"
+    assert error.payload["error"]["type"] == "repository_not_found_error"
     assert error.payload["error"]["retry_status"] == {"type": "retrying"}

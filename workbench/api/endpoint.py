@@ -2,7 +2,11 @@
 
 The view authenticates the API key, dispatches on the method, parses a JSON object body (an empty body
 is `{}`, as the SDK sends for archive and similar), renders the handler's return value as JSON and any
-`ApiError` in the error envelope. Handlers receive `(request, **path_kwargs)` and read `request.json`.
+`ApiError` in the error envelope, as it does any other exception (a 500, logged). A POST with an
+`Idempotency-Key` runs once per key (`workbench/api/idempotency.py`). Handlers receive `(request, **path_kwargs)` and read `request.json`.
+
+A body nested too deeply, and a path or query parameter, key or string that is not text (a NUL, an
+unpaired surrogate), are a 400 that says where, before any handler or the database sees them.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.core.exceptions import DisallowedHost
+from django.core.exceptions import DisallowedHost, RequestDataTooBig, SuspiciousOperation
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -26,6 +30,8 @@ from workbench.api.errors import (
     MethodNotAllowed,
     PayloadTooLarge,
 )
+from workbench.api.idempotency import idempotent
+from workbench.api.validation import MAX_BODY_DEPTH, check_body, check_text
 from workbench.auth import api_key_from_headers
 
 logger = logging.getLogger(__name__)
@@ -56,9 +62,25 @@ def _parse_body(request: HttpRequest) -> dict[str, Any]:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}.") from None
+    except RecursionError:  # the parser's own limit, near 1000 levels
+        raise InvalidRequest(
+            f"The request body nests too deeply to read; at most {MAX_BODY_DEPTH} levels are allowed."
+        ) from None
     if not isinstance(body, dict):
         raise InvalidRequest(f"The request body must be a JSON object, not {type(body).__name__}.")
+    check_body(body)
     return body
+
+
+def _check_params(request: HttpRequest, path_kwargs: dict[str, Any]) -> None:
+    """Path and query parameters hold text: a NUL or an unpaired surrogate is a 400, not a database error."""
+    for name, value in path_kwargs.items():
+        if isinstance(value, str):
+            check_text(value, f"The path parameter '{name}'")
+    for name, values in request.GET.lists():
+        check_text(name, f"The query parameter name {json.dumps(name)}")
+        for value in values:
+            check_text(value, f"Query parameter '{name}'")
 
 
 def _authenticate(request: HttpRequest) -> None:
@@ -75,6 +97,13 @@ def _bad_host(error: DisallowedHost) -> InvalidRequest:
     return InvalidRequest(str(error))  # Django says which host, and to add it to ALLOWED_HOSTS
 
 
+def _suspicious(error: SuspiciousOperation) -> ApiError:
+    """Django's refusals of a request's shape (a body over its read limit, too many fields)."""
+    if isinstance(error, RequestDataTooBig):
+        return PayloadTooLarge(f"The request body is over the limit of {settings.API_MAX_BODY_BYTES} bytes (1 MiB).")
+    return InvalidRequest(f"The request was refused: {error}.")
+
+
 def _allowed(handlers: dict[str, Handler], request: HttpRequest) -> Handler:
     handler = handlers.get(request.method or "")
     if handler is None:
@@ -82,6 +111,18 @@ def _allowed(handlers: dict[str, Handler], request: HttpRequest) -> Handler:
             f"{request.method} is not allowed on {request.path}; use {', '.join(sorted(handlers))}."
         )
     return handler
+
+
+def internal_error(request_id: str, *, log: bool = True) -> JsonResponse:
+    """The envelope of a 5xx nobody planned for; the exception being handled is logged with the request id."""
+    if log:
+        logger.exception("unhandled error in %s", request_id)
+    return error_response(ApiError(f"An internal error occurred; it is logged with request id {request_id}. "
+                                   "Retry later, or report it with that id."), request_id)
+
+
+def _render(result: Any) -> HttpResponse:
+    return result if isinstance(result, HttpResponse) else JsonResponse(result, safe=False)
 
 
 def endpoint(**handlers: Handler) -> Callable[..., HttpResponse]:
@@ -92,13 +133,17 @@ def endpoint(**handlers: Handler) -> Callable[..., HttpResponse]:
             request.get_host()  # ALLOWED_HOSTS: /v1 runs without CommonMiddleware (workbench/asgi.py)
             handler = _allowed(handlers, request)
             _authenticate(request)
+            _check_params(request, kwargs)
             request.json = _parse_body(request) if request.method == "POST" else {}  # type: ignore[attr-defined]
-            result = handler(request, **kwargs)
+            response = idempotent(request, lambda: _render(handler(request, **kwargs)))
         except ApiError as error:
             return error_response(error, request_id)
         except DisallowedHost as error:
             return error_response(_bad_host(error), request_id)
-        response = result if isinstance(result, HttpResponse) else JsonResponse(result, safe=False)
+        except SuspiciousOperation as error:
+            return error_response(_suspicious(error), request_id)
+        except Exception:
+            return internal_error(request_id)
         response["request-id"] = request_id
         return response
 
@@ -115,11 +160,16 @@ def async_endpoint(**handlers: Callable[..., Awaitable[HttpResponse]]) -> Callab
             request.get_host()
             handler = _allowed(handlers, request)
             await sync_to_async(_authenticate)(request)
+            _check_params(request, kwargs)
             response = await handler(request, **kwargs)
         except ApiError as error:
             return error_response(error, request_id)
         except DisallowedHost as error:
             return error_response(_bad_host(error), request_id)
+        except SuspiciousOperation as error:
+            return error_response(_suspicious(error), request_id)
+        except Exception:
+            return internal_error(request_id)
         response["request-id"] = request_id
         return response
 

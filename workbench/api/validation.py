@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
+from collections import deque
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
@@ -11,6 +14,13 @@ from django.utils.dateparse import parse_datetime
 from workbench.api.errors import InvalidRequest
 
 MISSING: Any = object()
+
+# What no text the platform keeps may hold: NUL (PostgreSQL's jsonb and text refuse it) and UTF-16 surrogates,
+# which UTF-8 cannot encode (for the database, or the model's request). In a parsed body every surrogate is
+# unpaired: json.loads joins a pair's \u escapes into the one character they stand for.
+NOT_TEXT = re.compile("[\x00\ud800-\udfff]")
+# How deeply a request body may nest: enough for any schema the API takes, far from Python's recursion limit.
+MAX_BODY_DEPTH = 64
 
 _TYPE_NAMES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer"}
 
@@ -21,6 +31,61 @@ def _describe(value: Any) -> str:
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer", float: "a number"}.get(
         type(value), type(value).__name__
     )
+
+
+def text_problem(value: str) -> str | None:
+    """What makes `value` unusable as text (a NUL, or an unpaired surrogate, and where), if anything."""
+    found = NOT_TEXT.search(value)
+    if found is None:
+        return None
+    if found.group() == "\x00":
+        return f"a NUL character (U+0000) at index {found.start()}, which text may not contain; remove it"
+    return (f"an unpaired surrogate (U+{ord(found.group()):04X}) at index {found.start()}, which is not a Unicode "
+            "character; send valid UTF-8 (a \\u escape of a character above U+FFFF needs both halves of its pair)")
+
+
+def check_text(value: str, where: str) -> None:
+    problem = text_problem(value)
+    if problem:
+        raise InvalidRequest(f"{where} holds {problem}.")
+
+
+Path = tuple[Any, str | int] | None  # (the parent's path, this key or index), None at the body itself
+
+
+def check_body(body: Any, *, max_depth: int = MAX_BODY_DEPTH) -> None:
+    """Refuse a parsed body nested deeper than `max_depth`, or with a key or string that is not text.
+
+    One walk with a queue of its own, before any handler (or the database) sees the body: no nesting can
+    exhaust Python's stack here, and the error names the JSON path of what is wrong.
+    """
+    queue: deque[tuple[Any, Path, int]] = deque([(body, None, 1)])
+    while queue:
+        value, path, depth = queue.popleft()
+        if depth > max_depth:
+            raise InvalidRequest(f"The request body nests more than {max_depth} levels deep (at '{_path(path)}'); "
+                                 "flatten it.")
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+            if isinstance(key, str) and (problem := text_problem(key)):
+                raise InvalidRequest(f"A key of '{_path(path) or 'the body'}' ({json.dumps(key)}) holds {problem}.")
+            if isinstance(item, str):
+                check_text(item, f"'{_path((path, key))}'")
+            elif isinstance(item, dict | list):
+                queue.append((item, (path, key), depth + 1))
+
+
+def _path(path: Path) -> str:
+    """A JSON path as the error messages name fields: `events[0].content[0].text`."""
+    parts: list[str] = []
+    while path is not None:
+        path, key = path
+        if isinstance(key, int):
+            parts.append(f"[{key}]")
+        elif key.isidentifier():
+            parts.append(f".{key}")
+        else:
+            parts.append(f"[{json.dumps(key)}]")
+    return "".join(reversed(parts)).removeprefix(".")
 
 
 def expect(value: Any, kind: type, where: str, *, nullable: bool = False) -> Any:
@@ -129,13 +194,22 @@ def query_datetime_ranges(params: Mapping[str, str], key: str) -> dict[str, date
     ranges = {}
     for op in ("gt", "gte", "lt", "lte"):
         raw = params.get(f"{key}[{op}]")
-        if raw is None:
-            continue
-        value = parse_datetime(raw.replace(" ", "+"))
-        if value is None or value.tzinfo is None:
-            raise InvalidRequest(
-                f"Query parameter '{key}[{op}]' must be an RFC 3339 time with a zone, like "
-                f"2026-01-01T00:00:00Z, not {raw!r}."
-            )
-        ranges[op] = value
+        if raw is not None:
+            ranges[op] = _query_time(raw.replace(" ", "+"), f"{key}[{op}]")  # a zone's "+" arrives as a space
     return ranges
+
+
+def _query_time(raw: str, name: str) -> datetime:
+    """An aware datetime the database can take: a day that exists, and in UTC still inside years 1 to 9999."""
+    try:
+        value = parse_datetime(raw)
+    except ValueError as error:  # the shape is right, the date is not (2026-13-45, 2026-02-30)
+        raise InvalidRequest(f"Query parameter '{name}' is not a real time ({error}): {raw!r}.") from None
+    if value is None or value.tzinfo is None:
+        raise InvalidRequest(f"Query parameter '{name}' must be an RFC 3339 time with a zone, like "
+                             f"2026-01-01T00:00:00Z, not {raw!r}.")
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        raise InvalidRequest(f"Query parameter '{name}' is outside the years 1 to 9999 once in UTC: {raw!r}.") from None
+    return value

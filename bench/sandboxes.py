@@ -282,7 +282,7 @@ def warm_pool_rows(samples: int) -> list[Row]:
             started = time.perf_counter()
             sandbox = sandbox_provision(session, name=f"hand-{i}")
             row.samples_ms.append((time.perf_counter() - started) * 1000)
-            assert bool(sandbox.labels.get("pooled")) == bool(pool), "the pool did not hand out its sandbox"
+            assert bool(sandbox.labels.get("from_pool")) == bool(pool), "the pool did not hand out its sandbox"
             sandbox_terminate(sandbox.id)  # a session holds at most SANDBOX_MAX_PER_SESSION hands
         rows.append(row)
         for sandbox in Sandbox.objects.exclude(status="terminated"):

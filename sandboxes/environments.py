@@ -196,9 +196,7 @@ def _refill_on_commit(environment: Environment) -> None:
 
 
 class NameTaken(Conflict):
-    """Environment names are unique; the hosted service answers a clash with a 409 of this type (§13)."""
-
-    error_type = "invalid_request_error"
+    """Environment names are unique: the hosted service answers a clash with a 409."""
 
 
 def _save(environment: Environment, **options: Any) -> None:

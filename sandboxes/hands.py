@@ -96,11 +96,11 @@ def _check_name(name: str) -> None:
         raise InvalidRequest(f"A sandbox name must not hold control characters (such as newlines): {name!r}.")
 
 
-def _check_room(session: Session, name: str) -> None:
-    """`name` must be free, and the session under its environment's cap of live hands."""
+def _check_room(session: Session, name: str | None) -> None:
+    """`name` (when given) must be free, and the session under its environment's cap of live hands."""
     names = list(Sandbox.objects.filter(session_id=session.id, status__in=LIVE).order_by("created_at")
                  .values_list("name", flat=True))
-    if name in names:
+    if name is not None and name in names:
         raise InvalidRequest(f"Session {session.id} already holds a sandbox named {name!r}.")
     asked = (session.environment.config.get("sandbox") or {}).get("max_sandboxes")
     cap = min(asked or settings.SANDBOX_MAX_PER_SESSION, settings.SANDBOX_MAX_PER_SESSION)
@@ -188,10 +188,12 @@ def execute(
 
 
 def _free_name(session_id: str, wanted: str) -> str:
+    """`wanted`, or `wanted-2`, `-3`… if the session holds that name; shortened to fit the name's length."""
     taken = {hand.name for hand in held(session_id)}
-    name, n = wanted, 2
+    name, n = wanted[:MAX_NAME_LENGTH], 2
     while name in taken:
-        name, n = f"{wanted}-{n}", n + 1
+        suffix = f"-{n}"
+        name, n = wanted[: MAX_NAME_LENGTH - len(suffix)] + suffix, n + 1
     return name
 
 
@@ -204,12 +206,15 @@ def _live(sandbox_id: str) -> Sandbox:
     return sandbox
 
 
-def _session(session_id: str) -> Session:
-    session = Session.objects.filter(id=session_id, deleted_at__isnull=True).first()
+def _receiver(session_id: str) -> Session:
+    """The session a hand is given to, locked (as provisioning locks it) and checked to have room for it."""
+    session = (Session.objects.select_for_update(no_key=True, of=("self",)).select_related("environment")
+               .filter(id=session_id, deleted_at__isnull=True).first())
     if session is None:
         raise NotFound(f"No session with id {session_id!r}.")
     if session.status == Session.Status.TERMINATED:
         raise InvalidRequest(f"Session {session_id} is terminated; it cannot take a sandbox.")
+    _check_room(session, None)
     return session
 
 
@@ -234,7 +239,9 @@ def sandbox_attach(sandbox_id: str, session_id: str, *, name: str | None = None)
         if sandbox.session_id is not None:
             raise InvalidRequest(f"Sandbox {sandbox_id} is held by session {sandbox.session_id}; detach it or "
                                  "transfer it from there.")
-        _session(session_id)
+        if name is not None:
+            _check_name(name)
+        _receiver(session_id)
         sandbox.session_id, sandbox.name = session_id, _free_name(session_id, name or sandbox.name)
         sandbox.save(update_fields=["session", "name"])
         emit_event(session_id, {"type": "sandbox.attached", "sandbox_id": sandbox.id, "name": sandbox.name})
@@ -269,7 +276,7 @@ def sandbox_transfer(sandbox_id: str, to_session_id: str, *, emit: Emit | None =
             raise InvalidRequest(f"Sandbox {sandbox_id} is not attached; attach it instead of transferring it.")
         if source == to_session_id:
             raise InvalidRequest(f"Sandbox {sandbox_id} is already held by session {to_session_id}.")
-        _session(to_session_id)
+        _receiver(to_session_id)
         (emit or _log(source))({"type": "sandbox.detached", "sandbox_id": sandbox.id, "name": sandbox.name,
                                 "to_session": to_session_id})
         sandbox.session_id, sandbox.name = to_session_id, _free_name(to_session_id, sandbox.name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
 from django.db import transaction
 
 from sandboxes.models import Environment, Sandbox
@@ -19,7 +20,8 @@ logger = logging.getLogger(__name__)
 
 
 def pool_size(environment: Environment) -> int:
-    return int((environment.config.get("sandbox") or {}).get("warm_pool", 0))
+    """The environment's pool, at most SANDBOX_MAX_WARM_POOL (which may have been lowered since it was set)."""
+    return min(int((environment.config.get("sandbox") or {}).get("warm_pool", 0)), settings.SANDBOX_MAX_WARM_POOL)
 
 
 def _pooled(environment: Environment):  # type: ignore[no-untyped-def]

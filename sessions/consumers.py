@@ -14,6 +14,7 @@ from django.conf import settings
 from sessions.broadcast import group_name
 from sessions.selectors import session_length
 from sessions.stream import Sequencer
+from workbench.api.validation import text_problem
 from workbench.auth import scope_is_authenticated
 
 CLOSE_UNAUTHENTICATED = 4401
@@ -29,6 +30,10 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
         self.session_id = self.scope["url_route"]["kwargs"]["session_id"]
         if not scope_is_authenticated(self.scope):
             await self._refuse(CLOSE_UNAUTHENTICATED, "Log in as an operator or send an API key header.")
+            return
+        problem = text_problem(self.session_id)
+        if problem:
+            await self._refuse(CLOSE_BAD_REQUEST, f"The session id in the path holds {problem}.")
             return
         try:
             length = await database_sync_to_async(session_length)(self.session_id)

@@ -65,7 +65,7 @@ def test_agent_update_makes_a_new_version_and_keeps_the_old(api):
     versions = api.get(f"/v1/agents/{agent['id']}/versions").json()
     assert [v["version"] for v in versions["data"]] == [2, 1]
     conflict = api.post(f"/v1/agents/{agent['id']}", {"name": "x", "version": 1})
-    assert_error(conflict, 409, "conflict_error", mentions="version 2")
+    assert_error(conflict, 409, "invalid_request_error", mentions="version 2")
 
 
 def test_agent_archive_hides_it_from_the_list_unless_asked(api):

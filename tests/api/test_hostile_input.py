@@ -196,3 +196,19 @@ def test_the_real_server_answers_the_same_400s_in_the_envelope(live_server_url, 
     for path, data in cases:
         status, body = status_and_body(path, data)
         assert status == 400 and body["error"]["type"] == "invalid_request_error", (path, body)
+
+
+@pytest.mark.parametrize("path", ["/admin/agent_sessions/session/%00/change/", "/admin/sandboxes/environment/%00/change/"])
+def test_a_nul_in_an_admin_path_is_a_404_not_a_database_error(client, path):
+    client.force_login(User.objects.create_superuser("root", password="x"))
+    assert client.get(path).status_code == 404
+    assert client.get("/admin/agent_sessions/session/", {"q": "\x00"}).status_code == 400
+
+
+@pytest.mark.parametrize("config", ['{"type": "cloud", "note": "a\\u0000b"}', "[" * 100_000 + "]" * 100_000])
+def test_a_form_field_of_json_that_is_not_text_or_nests_too_deeply_is_a_form_error(operator, config):
+    from sandboxes.models import Environment
+
+    response = operator.post("/environments/new", {"name": "hostile", "config": config})
+    assert response.status_code == 400 and b"has-error" in response.content  # the form, with its error
+    assert not Environment.objects.filter(name="hostile").exists()

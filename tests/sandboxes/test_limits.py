@@ -220,6 +220,34 @@ def test_the_api_refuses_a_hand_over_the_installation_cap_with_a_400(brains, doc
     assert [hand.name for hand in held(session_id)] == ["only"]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_attaching_or_transferring_into_a_session_at_its_cap_is_refused_and_moves_nothing(brains, docker_engine, api):
+    full, giver = new_session(max_sandboxes=1), new_session()
+    assert api.post(f"/v1/sessions/{full}/sandboxes", {"name": "only"}).status_code == 200
+    given = api.post(f"/v1/sessions/{giver}/sandboxes", {"name": "spare"}).json()
+    refused = refusal(api.post(f"/v1/sessions/{giver}/sandboxes/{given['id']}/transfer", {"to_session": full}))
+    assert "as many sandboxes as it may (1: " in refused
+    assert api.post(f"/v1/sessions/{giver}/sandboxes/{given['id']}/detach").status_code == 200
+    refused = refusal(api.post(f"/v1/sessions/{full}/sandboxes", {"sandbox_id": given["id"]}))
+    assert "as many sandboxes as it may (1: " in refused
+    assert [hand.name for hand in held(full)] == ["only"]
+    assert Sandbox.objects.get(id=given["id"]).session_id is None
+
+
+@pytest.mark.django_db
+def test_a_name_made_free_for_an_arriving_hand_still_fits_the_name_column():
+    from sandboxes.hands import _free_name
+
+    session_id = new_session()
+    environment = Sandbox._meta.get_field("environment").related_model.objects.first()
+    longest = "x" * 64
+    for name in (longest, longest[:62] + "-2"):
+        Sandbox.objects.create(environment=environment, session_id=session_id, name=name, provider="docker",
+                               status=Sandbox.Status.READY)
+    chosen = _free_name(session_id, longest)
+    assert len(chosen) <= 64 and chosen == longest[:62] + "-3"
+
+
 def _waiting_on_locks(cursor) -> int:
     cursor.execute("SELECT pg_stat_clear_snapshot()")  # else the view stays as this transaction first saw it
     cursor.execute(
@@ -340,3 +368,14 @@ def test_writing_2_gb_into_a_sandbox_with_a_quota_stops_at_the_quota(docker_prov
         assert docker_provider.execute(handle, "bash", {"command": "echo still works"}) == "still works"
     finally:
         docker_provider.terminate(handle)
+
+
+@pytest.mark.django_db
+@override_settings(SANDBOX_MAX_WARM_POOL=2)
+def test_a_warm_pool_stored_before_its_maximum_was_lowered_is_held_to_it():
+    from sandboxes.pool import pool_size
+
+    environment = Environment.objects.get(id=make_environment())
+    environment.config = sandbox_config(warm_pool=50)
+    environment.save(update_fields=["config"])
+    assert pool_size(environment) == 2

@@ -84,9 +84,10 @@ def test_without_after_the_socket_sends_only_new_events(redis_url, api_key):
     (False, "real", None, 4401, "Log in"),
     (True, "missing", None, 4404, "No session"),
     (True, "real", "abc", 4400, "'after' must be an integer"),
+    (True, "sesn_%00x", None, 4400, "NUL"),
 ])
 def test_the_socket_refuses_with_a_reason(redis_url, api_key, key, session, after, code, says):
-    session_id = make_session() if session == "real" else "sesn_missing"
+    session_id = make_session() if session == "real" else "sesn_missing" if session == "missing" else session
 
     async def scenario() -> tuple[dict, dict]:
         ws = communicator(session_id, api_key if key else None, after=after)

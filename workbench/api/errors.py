@@ -49,8 +49,10 @@ class MethodNotAllowed(ApiError):
 
 
 class Conflict(ApiError):
+    """A 409; the service reports it as `invalid_request_error` (reference §13), which the SDK maps by status."""
+
     status = 409
-    error_type = "conflict_error"
+    error_type = "invalid_request_error"
 
 
 class PayloadTooLarge(ApiError):

@@ -9,6 +9,8 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from harness.registry import HARNESS_DESCRIPTIONS
+from workbench.api.errors import InvalidRequest
+from workbench.api.validation import MAX_BODY_DEPTH, check_body
 
 HARNESS_CHOICES = [(name, f"{name} — {description}") for name, description in HARNESS_DESCRIPTIONS.items()]
 DEFAULT_TOOLS = [{"type": "agent_toolset_20260401"}]
@@ -33,9 +35,14 @@ class JSONText(forms.CharField):
             return None
         try:
             parsed = json.loads(value)
+            check_body(parsed)
         except json.JSONDecodeError as error:
             raise ValidationError(f"This is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}.",
                                   code="json") from None
+        except RecursionError:
+            raise ValidationError(f"This JSON nests too deeply; at most {MAX_BODY_DEPTH} levels.", code="json") from None
+        except InvalidRequest as refused:
+            raise ValidationError(refused.message, code="json") from None
         if self.expect is not object and not isinstance(parsed, self.expect):
             names: dict[type, str] = {list: "a JSON array […]", dict: "a JSON object {…}"}
             name = names.get(self.expect, self.expect.__name__)
@@ -161,7 +168,7 @@ class EnvironmentForm(forms.Form):
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
     config = JSONText(expect=dict, initial=DEFAULT_ENVIRONMENT,
                       help_text='{"type": "cloud", "networking": …, "packages": …, "sandbox": {"provider", "image", '
-                                '"cpus", "memory_mb", "pids", "warm_pool", "idle_ttl_seconds"}}')
+                                '"cpus", "memory_mb", "pids", "disk_mb", "warm_pool", "max_sandboxes", "idle_ttl_seconds"}}')
 
     @classmethod
     def from_environment(cls, environment: Any) -> EnvironmentForm:

@@ -195,14 +195,16 @@ def services(database_url: str | None, redis_url: str | None) -> Iterator[tuple[
 
 
 @contextlib.contextmanager
-def daphne(env: dict[str, str], log_path: Path, *, append_log: bool = False, timeout: float = 60) -> Iterator[str]:
-    """Daphne serving `workbench.asgi` on a free loopback port with `env`; its URL once /healthz answers."""
+def daphne(env: dict[str, str], log_path: Path, *, append_log: bool = False, timeout: float = 60,
+           cwd: Path = ROOT) -> Iterator[str]:
+    """Daphne serving `workbench.asgi` of the checkout `cwd` (Daphne imports from its cwd first) on a free
+    loopback port with `env`; its URL once /healthz answers."""
     import httpx
 
     url = f"http://127.0.0.1:{free_port()}"
     with open(log_path, "ab" if append_log else "wb") as log:
         process = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", url.rsplit(":", 1)[1],
-                                    "workbench.asgi:application"], cwd=ROOT, env=env, stdout=log, stderr=log)
+                                    "workbench.asgi:application"], cwd=cwd, env=env, stdout=log, stderr=log)
         try:
             deadline = time.monotonic() + timeout
             while True:

@@ -18,13 +18,14 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
-ORDER = ("log", "harness", "sandboxes", "workqueue", "work_queue", "ui", "ttft")
+ORDER = ("log", "harness", "sandboxes", "workqueue", "work_queue", "ui", "ttft", "api")
 TITLES = {
     "log": "The session log: appends and slice reads (bench/log.py)",
     "harness": "The brain: resume after SIGKILL, overhead per model call (bench/harness.py)",
     "sandboxes": "Sandboxes: provisioning and tool-call round trips (bench/sandboxes.py)",
     "ui": "The browser UI: opening a long session, live appends in many pages (bench/ui.py)",
     "ttft": "Time to first token: coupled vs decoupled sandboxes (bench/ttft.py)",
+    "api": "The /v1 request path through the official SDK, side by side by code version (bench/api.py)",
 }
 
 
@@ -395,6 +396,26 @@ def render_ui(data: dict[str, Any]) -> tuple[list[str], int, int]:
     return out, targets.get("met", 0), targets.get("total", 0)
 
 
+def render_api(data: dict[str, Any]) -> tuple[list[str], int, int]:
+    """p50/p95 per code version and the ratio of p50s to the first; no targets (none slower is read off)."""
+    labels = [v["label"] for v in data["versions"]]
+    header = ["measurement", "clients", *(f"{label} p50 / p95 ms" for label in labels)]
+    header += [f"this / {label} (p50)" for label in labels[1:]]
+    rows = []
+    for r in data["rows"]:
+        cells = [f"{num(r['versions'][label]['p50_ms'])} / {num(r['versions'][label]['p95_ms'])}" for label in labels]
+        ratios = [f"{r['ratio_p50'][label]:.2f}x" for label in labels[1:]]
+        rows.append([r["measurement"], r["clients"], *cells, *ratios])
+    plan = data["plan"]
+    intro = [
+        f"{plan['samples']} samples per measurement and client count, in {plan['batches']} batches taking turns "
+        f"over the code versions; a Celery worker ({data['worker_threads']} threads) per version runs each turn "
+        f"against the offline model (TTFT {data['model_ttft_ms']} ms).",
+        "",
+    ]
+    return intro + md_table(header, rows), 0, 0
+
+
 def pct(value: float | None) -> str | None:
     return None if value is None else f"{value:.1%}"
 
@@ -436,6 +457,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], tuple[list[str], int, int]]] = {
     "sandboxes": render_sandboxes,
     "ui": render_ui,
     "ttft": render_ttft,
+    "api": render_api,
 }
 
 

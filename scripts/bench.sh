@@ -4,7 +4,7 @@
 # Usage: scripts/bench.sh [--quick]        (or `make bench QUICK=1`: a smoke run of each, minutes not an hour)
 #
 # Runs each bench/<name>.py that has a main (the known ones first, in this order: log, harness, sandboxes,
-# work queue, ui, ttft; then any other) as `.venv/bin/python -m bench.<name>`, passing --quick through. A
+# work queue, ui, ttft, api; then any other) as `.venv/bin/python -m bench.<name>`, passing --quick through. A
 # benchmark that fails does not stop the others; the script then exits non-zero at the end. Each benchmark
 # starts and removes its own PostgreSQL, Redis, workers and offline model; Docker must answer (started here
 # when we are root).
@@ -21,7 +21,7 @@ if [ "$(id -u)" -eq 0 ]; then
   scripts/start-dockerd.sh && scripts/build-image.sh || echo "bench: no Docker engine or sandbox image" >&2
 fi
 
-known=(log harness sandboxes workqueue work_queue ui ttft)
+known=(log harness sandboxes workqueue work_queue ui ttft api)
 benches=()
 for name in "${known[@]}"; do
   [ -f "bench/$name.py" ] && benches+=("$name")

@@ -120,6 +120,8 @@ CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 # A request that queued a wake answers once its events are committed: it waits on the broker at most this
 # long (a hung or refusing Redis), and the sweeper wakes the session if the message did not go out.
 WAKE_PUBLISH_TIMEOUT_SECONDS = env.float("WAKE_PUBLISH_TIMEOUT_SECONDS", default=1.0)
+# Broker connections a process keeps for publishing wakes (more requests at once wait for one).
+WAKE_PUBLISH_CONNECTIONS = env.int("WAKE_PUBLISH_CONNECTIONS", default=16)
 # The sweeper queues at most one wake per session: it queues another only once a brain took the lease
 # since, or after this long (a wake lost with the broker).
 WAKE_REQUEUE_SECONDS = env.float("WAKE_REQUEUE_SECONDS", default=60.0)

@@ -23,6 +23,7 @@ import docker.errors
 import requests.exceptions
 
 from sandboxes.toolbox.bundle import CLIENT_COMMAND, SANDBOX_PARENT, SUPERVISOR_COMMAND, archive
+from sandboxes.toolbox.disk import DISK_MB_ENV
 from sandboxes.toolbox.procs import PIDS_LIMIT_ENV
 
 from . import protocol
@@ -81,7 +82,11 @@ class DockerProvider:
                     user=CONTAINER_USER,
                     working_dir="/workspace",
                     hostname="sandbox",
-                    environment={**resources.env, PIDS_LIMIT_ENV: str(resources.pids)},
+                    environment={
+                        **resources.env,
+                        PIDS_LIMIT_ENV: str(resources.pids),
+                        DISK_MB_ENV: str(resources.disk_mb or ""),
+                    },
                     labels={**resources.labels, MANAGED_LABEL: "true"},
                     host_config=host_config,
                 )

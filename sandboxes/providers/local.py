@@ -46,8 +46,6 @@ What does not hold:
 - `resources.network` shares the host's network namespace, its loopback services included (docker
   gives the sandbox its own bridge);
 - /proc/self/mountinfo names the host folders its mounts come from (as docker's names its layers);
-- a full disk also leaves the toolbox no room for a command's output (it is written under /tmp, as
-  in docker): the command's exit code still comes back, and freeing space mends it;
 - the toolbox daemon is the sandbox's main process: if it is killed, the sandbox is gone (docker
   restarts the daemon and keeps the container); no pause or snapshot.
 """
@@ -78,6 +76,7 @@ from typing import Any
 
 from sandboxes.toolbox.bundle import DAEMON_COMMAND, SANDBOX_DIR, SANDBOX_PARENT, SANDBOX_UID, SOURCE_DIR
 from sandboxes.toolbox.client import DAEMON_START_TIMEOUT_S
+from sandboxes.toolbox.disk import DISK_MB_ENV
 from sandboxes.toolbox.procs import PIDS_LIMIT_ENV
 
 from . import cgroups, protocol, seccomp
@@ -401,6 +400,7 @@ class LocalProvider:
             "HOSTNAME": "sandbox",
             **resources.env,
             PIDS_LIMIT_ENV: str(resources.pids),
+            DISK_MB_ENV: str(resources.disk_mb or ""),
         }
         for name, value in env.items():
             options += ["--setenv", name, value]

@@ -35,6 +35,7 @@ import threading
 import traceback
 from typing import Any
 
+from . import disk
 from .call import Call
 from .client import RUNTIME_DIR
 from .errors import Failed, InputError
@@ -121,7 +122,9 @@ class Daemon:
         except Failed as error:
             return _error("failed", str(error))
         except Exception as error:
-            traceback.print_exc()
+            if disk.is_full(error):
+                return _error("failed", disk.full_message())
+            _log_failure()
             return _error("failed", f"the toolbox failed: {error!r}")
         finally:
             with self._lock:
@@ -142,6 +145,13 @@ class Daemon:
                 call.cancel.set()
             self._early_cancels.clear()
         self.toolset.shell.renew(HANDED_OVER_NOTE, timeout_s=RESET_TIMEOUT_S)
+
+
+def _log_failure() -> None:
+    """The traceback of the toolbox's own failure, for its log, which a full disk may refuse: the
+    caller still answers."""
+    with contextlib.suppress(OSError):
+        os.write(2, traceback.format_exc().encode(errors="replace"))
 
 
 def _receive(conn: socket.socket) -> bytes:
@@ -177,9 +187,22 @@ def _first_start() -> bool:
             seen = file.read()
     except FileNotFoundError:
         seen = ""
-    with open(STARTED_PATH, "w") as file:
-        file.write(identity)
+    if seen != identity:
+        with open(STARTED_PATH, "w") as file:
+            file.write(identity)
     return seen != identity
+
+
+def _open_log() -> int:
+    """The daemon's log; a daemon started on a full disk (docker forks a new one when it dies) logs
+    nowhere rather than not start."""
+    try:
+        os.makedirs(RUNTIME_DIR, mode=0o700, exist_ok=True)
+        return os.open(LOG_PATH, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError as error:
+        if not disk.is_full(error):
+            raise
+        return os.open(os.devnull, os.O_WRONLY)
 
 
 def make_undumpable() -> None:
@@ -214,17 +237,18 @@ def set_limits(*, max_processes: int | None, max_memory_mb: int | None) -> None:
 
 def run(listener: socket.socket) -> int:
     """Serve the sandbox's calls on `listener` until killed (the caller set the user and the limits)."""
-    os.makedirs(RUNTIME_DIR, mode=0o700, exist_ok=True)
-    log = os.open(LOG_PATH, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log = _open_log()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)
     os.dup2(log, 2)  # sys.stderr now writes to the log: tracebacks of the toolbox's own failures
 
-    env = {name: value for name, value in os.environ.items() if name != PIDS_LIMIT_ENV}
+    hidden = (PIDS_LIMIT_ENV, disk.DISK_MB_ENV)
+    env = {name: value for name, value in os.environ.items() if name not in hidden}
     cwd = WORKSPACE if os.path.isdir(WORKSPACE) else env.get("HOME", "/")
     shell = Shell(cwd=cwd, env=env)
     shell.start()
+    disk.SANDBOX_DISK.check()  # takes the reserve
     if not _first_start():
         shell.announce(
             f"[the sandbox's toolbox restarted since the last call, with a new shell: {RESET_NOTE}]"

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from .call import Call
+from .disk import full_message, is_full
 from .errors import Failed, InputError
 from .output import CAP_BYTES
 
@@ -128,11 +131,45 @@ def write(values: dict[str, Any], call: Call) -> str:
     if os.path.isdir(path):
         raise InputError(f"{path} is a directory")
     existed = os.path.exists(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     data = values["content"].encode("utf-8", "surrogateescape")
-    with open(path, "wb") as file:
-        file.write(data)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _store(path, data, call)
+    except OSError as error:
+        if not is_full(error):
+            raise
+        raise Failed(full_message(f", so {path} was {'not changed' if existed else 'not created'}")) from None
     return f"{'Updated' if existed else 'Created'} {path} ({len(data):,} bytes)"
+
+
+def _store(path: str, data: bytes, call: Call) -> None:
+    """Make `data` the file's content. A file that exists is replaced only once all of the new content
+    is written beside it (as `sed -i` does), so that a disk too full for it leaves the file as it was."""
+    if not os.path.isfile(path):
+        _write_whole(path, data)
+        return
+    beside = os.path.join(os.path.dirname(path), f".workbench-{call.id}.tmp")
+    _write_whole(beside, data, mode=stat.S_IMODE(os.stat(path).st_mode))
+    try:
+        os.replace(beside, path)
+    except BaseException:
+        os.unlink(beside)
+        raise
+
+
+def _write_whole(path: str, data: bytes, *, mode: int | None = None) -> None:
+    """Write `data` to `path`; a file made here that could not be written whole is removed."""
+    created = not os.path.exists(path)
+    try:
+        with open(path, "wb") as file:
+            if mode is not None:
+                os.fchmod(file.fileno(), mode)
+            file.write(data)
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        raise
 
 
 def edit(values: dict[str, Any], call: Call) -> str:
@@ -165,8 +202,12 @@ def edit(values: dict[str, Any], call: Call) -> str:
         )
     first_line = text.count("\n", 0, text.index(old)) + 1
     text = text.replace(old, new) if values["replace_all"] else text.replace(old, new, 1)
-    with open(path, "wb") as file:
-        file.write(text.encode("utf-8", "surrogateescape"))
+    try:
+        _store(path, text.encode("utf-8", "surrogateescape"), call)
+    except OSError as error:
+        if not is_full(error):
+            raise
+        raise Failed(full_message(f", so {path} was not changed")) from None
     plural = "s" if count > 1 else ""
     return f"Edited {path}: replaced {count} occurrence{plural}.\n" + _snippet(text, first_line, new)
 

@@ -2,7 +2,9 @@
 
 A command may print gigabytes, so output never passes through memory whole: the command writes
 straight into a file, and the reply carries the file's head and tail around a marker saying what was
-cut and where the whole output was kept.
+cut and where the whole output was kept. The file is on the sandbox's disk; while the disk is full
+it is in /dev/shm instead (memory, so a smaller cap), where the model's call that frees the disk
+still has room to say what it did (see `disk.py`).
 """
 
 from __future__ import annotations
@@ -10,32 +12,81 @@ from __future__ import annotations
 import codecs
 import contextlib
 import os
+from dataclasses import dataclass
 
 from .client import RUNTIME_DIR
+from .disk import SANDBOX_DISK, full_message, is_full
 
 LIVE_DIR = RUNTIME_DIR + "/live"
 OUTPUT_DIR = RUNTIME_DIR + "/out"
+MEMORY_DIR = "/dev/shm/.toolbox"
 CAP_BYTES = 30_000
 HEAD_BYTES = 12_000
 TAIL_BYTES = CAP_BYTES - HEAD_BYTES
 # A command printing more than this is stopped: the file lives on the sandbox's disk.
 MAX_OUTPUT_BYTES = 256 * 1024 * 1024
+# The same while the disk is full, when the file is in memory.
+MAX_MEMORY_OUTPUT_BYTES = 8 * 1024 * 1024
 KEPT_OUTPUTS = 20
 BINARY_NOTE = "[binary output: bytes that are not UTF-8 text are shown as \ufffd]"
 
 
-def output_path(call_id: str, tool: str) -> str:
-    """Where a running call's output goes; `render` deletes it, or moves it to OUTPUT_DIR if cut."""
-    os.makedirs(LIVE_DIR, mode=0o700, exist_ok=True)
-    return f"{LIVE_DIR}/{tool}-{call_id}.txt"
+@dataclass(frozen=True)
+class Spool:
+    """Where a running call's output goes: `place` is "disk", "memory" (the disk is full) or
+    "nowhere" (/dev/shm is full too: the path is /dev/null)."""
+
+    path: str
+    place: str
+    max_bytes: int
 
 
-def render(path: str) -> str:
+def spool(call_id: str, tool: str) -> Spool:
+    """Where a running call's output goes; `render` deletes it, or keeps it in OUTPUT_DIR if cut."""
+    name = f"{tool}-{call_id}.txt"
+    if SANDBOX_DISK.has_room():
+        try:
+            return Spool(_created(LIVE_DIR, name), "disk", MAX_OUTPUT_BYTES)
+        except OSError as error:
+            if not is_full(error):
+                raise
+    try:
+        # /dev/shm makes a file even when it is full: the room for a shown output is made sure of.
+        return Spool(_created(MEMORY_DIR, name, room=CAP_BYTES), "memory", MAX_MEMORY_OUTPUT_BYTES)
+    except OSError:
+        return Spool(os.devnull, "nowhere", MAX_MEMORY_OUTPUT_BYTES)
+
+
+def _created(directory: str, name: str, *, room: int = 0) -> str:
+    """An empty file for an output; with `room`, one that so many bytes were found free for."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    path = os.path.join(directory, name)
+    with open(path, "wb") as file:
+        if room:
+            try:
+                os.posix_fallocate(file.fileno(), 0, room)
+                os.ftruncate(file.fileno(), 0)
+            except OSError:
+                os.unlink(path)
+                raise
+    return path
+
+
+def discard(spool: Spool) -> None:
+    """Remove an output that is not shown."""
+    if spool.place != "nowhere":
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(spool.path)
+
+
+def render(spool: Spool) -> str:
     """The file's text, or its head and tail around a marker naming where the whole file was kept."""
-    with open(path, "rb") as file:
+    if spool.place == "nowhere":
+        return f"[the output could not be kept: {full_message(', and so is /dev/shm, where it goes then')}]"
+    with open(spool.path, "rb") as file:
         data = file.read(CAP_BYTES + 1)
         if len(data) <= CAP_BYTES:
-            os.unlink(path)
+            os.unlink(spool.path)
             text, binary = _decode(data)
             return _finish(text, binary)
         size = os.fstat(file.fileno()).st_size
@@ -45,17 +96,31 @@ def render(path: str) -> str:
         cut_bytes = size - len(head) - len(tail)
         file.seek(len(head))
         cut_lines = _count_lines(file, cut_bytes)
-    os.makedirs(OUTPUT_DIR, mode=0o700, exist_ok=True)
-    _prune()
-    kept = os.path.join(OUTPUT_DIR, os.path.basename(path))
-    os.rename(path, kept)
+    kept = _keep(spool)
+    where = f"is kept in {kept}" if kept else "could not be kept, as the sandbox's disk is full"
     head_text, head_binary = _decode(head)
     tail_text, tail_binary = _decode(tail, skip_partial_start=True)
     marker = (
         f"\n\n[... {cut_bytes:,} bytes ({cut_lines:,} lines) cut here; the whole output "
-        f"({_size(size)}) is kept in {kept} ...]\n\n"
+        f"({_size(size)}) {where} ...]\n\n"
     )
     return _finish(head_text + marker + tail_text, head_binary or tail_binary)
+
+
+def _keep(spool: Spool) -> str | None:
+    """The whole output's path in OUTPUT_DIR, or None when the disk has no room for it."""
+    if spool.place == "disk":
+        kept = os.path.join(OUTPUT_DIR, os.path.basename(spool.path))
+        try:
+            os.makedirs(OUTPUT_DIR, mode=0o700, exist_ok=True)
+            _prune()
+            os.rename(spool.path, kept)
+            return kept
+        except OSError as error:
+            if not is_full(error):
+                raise
+    os.unlink(spool.path)
+    return None
 
 
 def _finish(text: str, binary: bool) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from .call import Call
 from .errors import Failed, InputError
 from .files import ALLOWED_ROOTS, WORKSPACE, is_allowed, resolve
-from .output import output_path, render
+from .output import discard, render, spool
 
 MAX_GLOB_MATCHES = 100_000
 MAX_GLOB_SCANNED = 1_000_000  # directory entries looked at
@@ -154,9 +154,9 @@ def grep(values: dict[str, Any], call: Call) -> str:
         command = ["grep", "-r", "-n", "-H", "-I", "-E", "--exclude-dir=.git", "-e", pattern, "--", target]
     else:
         raise Failed("neither rg nor grep is installed in this sandbox")
-    out = output_path(call.id, "grep")
-    errors_path = out + ".err"
-    with open(out, "wb") as stdout, open(errors_path, "w+b") as stderr:
+    out = spool(call.id, "grep")
+    errors_path = os.devnull if out.place == "nowhere" else out.path + ".err"
+    with open(out.path, "wb") as stdout, open(errors_path, "w+b") as stderr:
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, start_new_session=True
         )
@@ -170,14 +170,15 @@ def grep(values: dict[str, Any], call: Call) -> str:
         except Failed:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            os.unlink(out)
+            discard(out)
             raise
         finally:
             stderr.seek(0)
             errors = stderr.read(2000).decode("utf-8", "replace").strip()
-            os.unlink(errors_path)
+            if errors_path != os.devnull:
+                os.unlink(errors_path)
     if code == 1:
-        os.unlink(out)
+        discard(out)
         return f"No matches for {pattern} in {target}"
     text = render(out)
     if code == 0:

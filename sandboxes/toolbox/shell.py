@@ -11,10 +11,14 @@ terminal. Reading a terminal it does not hold gives bash EIO, which it takes for
 exits (status 130). This happened in about 2% of stopped `while true; do sleep 0.001; done` loops. A
 pipe is readable whoever holds the terminal, and bash takes the terminal back with its next job.
 
-No call's data goes through the terminal or the pipe: bash sources the command from a file, with
-stdout and stderr redirected into the call's output file and stdin from /dev/null. The terminal
-carries only the prompt, set for each call to a marker holding the call's id and exit status: seeing
-it means the call is over. As on a terminal, a background job that ends while a command runs is
+No call's data goes through the terminal: bash sources the command from a file, with stdout and
+stderr redirected into the call's output file and stdin from /dev/null. When the sandbox's disk is
+too full to hold that file, bash sources it from a pipe it makes itself (a process substitution that
+printf feeds from one quoted word), so that the call that frees the disk can run: the same `.` as
+from the file, with a fork only then. The command goes down bash's command pipe only so quoted:
+as it is, an unmatched quote in it would leave bash waiting for more. The terminal carries only the
+prompt, set for each call to a marker holding the call's id and exit status: seeing it means the
+call is over. As on a terminal, a background job that ends while a command runs is
 announced by bash ("[1]+ Done ...") in that command's output.
 """
 
@@ -29,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 
 from .client import RUNTIME_DIR
+from .disk import is_full
 from .errors import Failed
 from .output import MAX_OUTPUT_BYTES
 from .procs import kill_session
@@ -46,10 +51,18 @@ SETUP = (
     "export PAGER=cat GIT_PAGER=cat GIT_EDITOR=true EDITOR=true VISUAL=true TERM=dumb; "
 )
 RESET_NOTE = "the working directory, variables and background jobs of the old shell are gone"
+# Bytes as they go in a $'...' word: printable ASCII as it is, but for the quote, the backslash and
+# the ! of history expansion (on in an interactive bash); everything else as \xHH.
+_QUOTED = [chr(b) if 0x20 <= b < 0x7F and chr(b) not in "'\\!" else f"\\x{b:02x}" for b in range(256)]
 
 
 def _prompt(call_id: str) -> str:
     return f"PS1=$'\\036TB'\"{call_id}:\"'$?'$'\\037'"
+
+
+def _quoted(text: str) -> str:
+    """`text` as one bash word on one line."""
+    return "$'" + "".join(_QUOTED[b] for b in text.encode("utf-8", "surrogateescape")) + "'"
 
 
 @dataclass
@@ -201,11 +214,17 @@ class Shell:
             kill_session(bash.pid)
 
     def run(
-        self, call_id: str, command: str, *, out_path: str, timeout_s: float, cancel: threading.Event
+        self,
+        call_id: str,
+        command: str,
+        *,
+        out_path: str,
+        timeout_s: float,
+        cancel: threading.Event,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
     ) -> Outcome:
         if not self._busy.acquire(timeout=timeout_s):
             raise Failed(f"the shell stayed busy with another command for {timeout_s:g} s")
-        os.makedirs(CALLS_DIR, mode=0o700, exist_ok=True)
         script = f"{CALLS_DIR}/{call_id}.sh"
         try:
             outcome = Outcome(exit_code=None)
@@ -214,13 +233,12 @@ class Shell:
             self._announcements.clear()
             bash = self._bash
             assert bash is not None
-            with open(script, "w") as file:
-                file.write(command + "\n")
+            source = self._source(script, command)
             open(out_path, "wb").close()
             # `jobs` first: it takes the news of background jobs that ended since the last call,
             # which bash would otherwise print into this call's output.
             bash.send(
-                f"{_prompt(call_id)}; jobs >/dev/null 2>&1; {{ . {script} ; }} > {out_path} 2>&1 < /dev/null"
+                f"{_prompt(call_id)}; jobs >/dev/null 2>&1; {{ . {source} ; }} > {out_path} 2>&1 < /dev/null"
             )
             deadline = time.monotonic() + timeout_s
             while True:
@@ -231,7 +249,7 @@ class Shell:
                 if bash.exited:
                     outcome.exit_code = self._ended(bash, outcome.notes)
                     return outcome
-                outcome.stopped = self._reason_to_stop(cancel, deadline, out_path)
+                outcome.stopped = self._reason_to_stop(cancel, deadline, out_path, max_output_bytes)
                 if outcome.stopped:
                     outcome.exit_code = self._interrupt(bash, call_id, outcome.notes)
                     return outcome
@@ -239,6 +257,19 @@ class Shell:
             self._busy.release()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(script)
+
+    @staticmethod
+    def _source(script: str, command: str) -> str:
+        """What bash sources the command from: the file `script`, or a pipe if the disk is too full."""
+        try:
+            os.makedirs(CALLS_DIR, mode=0o700, exist_ok=True)
+            with open(script, "w") as file:
+                file.write(command + "\n")
+            return script
+        except OSError as error:
+            if not is_full(error):
+                raise
+        return f"<(printf '%s\\n' {_quoted(command)})"
 
     def _ensure_running(self, notes: list[str]) -> None:
         bash = self._bash
@@ -265,13 +296,15 @@ class Shell:
         return code
 
     @staticmethod
-    def _reason_to_stop(cancel: threading.Event, deadline: float, out_path: str) -> str | None:
+    def _reason_to_stop(
+        cancel: threading.Event, deadline: float, out_path: str, max_output_bytes: int
+    ) -> str | None:
         if cancel.is_set():
             return "cancelled"
         if time.monotonic() > deadline:
             return "timeout"
         try:
-            if os.stat(out_path).st_size > MAX_OUTPUT_BYTES:
+            if os.stat(out_path).st_size > max_output_bytes:
                 return "output"
         except FileNotFoundError:
             pass

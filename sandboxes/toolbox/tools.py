@@ -6,15 +6,16 @@ from typing import Any
 
 from . import files, search
 from .call import Call
+from .disk import SANDBOX_DISK, full_message
 from .errors import Failed
-from .output import MAX_OUTPUT_BYTES, output_path, render
+from .output import render, spool
 from .schema import validate
 from .shell import Shell
 
 STOPPED = {
     "timeout": "the command timed out after {timeout:g} s and was stopped",
     "cancelled": "interrupted: the call was cancelled and the command was stopped",
-    "output": f"the command printed more than {MAX_OUTPUT_BYTES // (1024 * 1024)} MiB and was stopped",
+    "output": "the command printed more than {limit} MiB and was stopped",
 }
 
 
@@ -47,14 +48,25 @@ class Toolset:
             if notes:
                 return "\n".join(notes)
             raise Failed("bash needs a command (or restart: true)")
-        out = output_path(call.id, "bash")
-        outcome = self.shell.run(call.id, command, out_path=out, timeout_s=call.timeout_s, cancel=call.cancel)
+        out = spool(call.id, "bash")
+        outcome = self.shell.run(
+            call.id,
+            command,
+            out_path=out.path,
+            timeout_s=call.timeout_s,
+            cancel=call.cancel,
+            max_output_bytes=out.max_bytes,
+        )
         text = render(out)
         notes += outcome.notes
+        if SANDBOX_DISK.check():
+            lost = ", and what the command printed once it was full could not be kept"
+            notes.append(f"[{full_message(lost if out.place == 'disk' else '')}]")
         if outcome.stopped:
             if outcome.exit_code is not None:
                 notes.append("[the shell is still usable: working directory and variables are kept]")
-            stopped = "[" + STOPPED[outcome.stopped].format(timeout=call.timeout_s) + "]"
+            limit = out.max_bytes // (1024 * 1024)
+            stopped = "[" + STOPPED[outcome.stopped].format(timeout=call.timeout_s, limit=limit) + "]"
             raise Failed("\n".join(filter(None, [text, stopped, *notes])))
         if outcome.exit_code:
             notes.insert(0, f"[exit code {outcome.exit_code}]")

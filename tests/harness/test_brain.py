@@ -7,7 +7,6 @@ import re
 import pytest
 from django.test import override_settings
 
-from harness import model
 from harness.brain import run_brain
 from harness.tasks import wake
 from sessions.models import Session
@@ -16,14 +15,6 @@ from sessions.services.lifecycle import session_archive, session_create, session
 from tests.conftest import make_agent, make_environment
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def model_url(offline_model):
-    with override_settings(ANTHROPIC_BASE_URL=offline_model.base_url, MODEL_RETRY_BASE_SECONDS=0.01):
-        model.client.cache_clear()
-        yield offline_model
-    model.client.cache_clear()
 
 
 def session_with(**agent) -> str:

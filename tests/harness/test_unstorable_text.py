@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 from django.test import override_settings
 
-from harness import model
 from harness.brain import has_pending_work, run_brain
 from harness.tasks import wake
 from sandboxes.models import Environment
@@ -19,14 +18,6 @@ from tests.conftest import make_agent, make_environment
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TOOLSET = [{"type": "agent_toolset_20260401"}]
-
-
-@pytest.fixture
-def model_url(offline_model):
-    with override_settings(ANTHROPIC_BASE_URL=offline_model.base_url, MODEL_RETRY_BASE_SECONDS=0.01):
-        model.client.cache_clear()
-        yield offline_model
-    model.client.cache_clear()
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 Emit = Callable[[dict[str, Any]], Any]
 DEFAULT_HAND = "main"
-MAX_NAME_LENGTH = 64  # Sandbox.name's column
+MAX_NAME_LENGTH: int = Sandbox._meta.get_field("name").max_length  # type: ignore[assignment]
 # A session's hands that count toward its cap and hold their names.
 LIVE = (Sandbox.Status.READY, Sandbox.Status.PROVISIONING)
 

@@ -482,9 +482,11 @@ Answers = list[tuple[str, list[Call], bool]]
 
 
 def answers_of(short: list[Call], paced: list[Call], burst: list[Call]) -> Answers:
-    return [("one-line answer", short, True),
-            (f"{LONG_WORDS} words at {PACED_TPS:g} tokens/s", paced, True),
-            (f"{LONG_WORDS} words sent at once", burst, False)]
+    return [
+        ("one-line answer", short, True),
+        (f"{LONG_WORDS} words at {PACED_TPS:g} tokens/s", paced, True),
+        (f"{LONG_WORDS} words sent at once", burst, False),
+    ]
 
 
 def summary(kills: list[Kill], answers: Answers) -> list[dict[str, Any]]:

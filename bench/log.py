@@ -57,9 +57,15 @@ SLICE = 100
 # What every benchmark append writes: an agent message of a realistic size.
 EVENT = {
     "type": "agent.message",
-    "content": [{"type": "text", "text": "The tests pass now; the flaky one waited on a socket it never "
-                 "opened. I changed the fixture to bind before it forks and ran the suite three times."}],
+    "content": [
+        {
+            "type": "text",
+            "text": "The tests pass now; the flaky one waited on a socket it never "
+            "opened. I changed the fixture to bind before it forks and ran the suite three times.",
+        }
+    ],
 }
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -143,28 +149,73 @@ def local_postgres(folder: Path, *, max_connections: int = 100, settings: str = 
         runas = ["runuser", "-u", "postgres", "--"]
     port = free_port()
     # --no-sync only skips flushing initdb's own files; the server below runs with fsync on.
-    subprocess.run([*runas, pgbin / "initdb", "-D", folder / "pg", "-U", "postgres", "-A", "trust", "--no-sync"],
-                   check=True, capture_output=True)
-    options = (f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c max_connections={max_connections} "
-               f"-c fsync=on -c synchronous_commit=on -c full_page_writes=on {settings}").strip()
-    subprocess.run([*runas, pgbin / "pg_ctl", "-D", folder / "pg", "-l", folder / "pg.log", "-w", "-t", "60",
-                    "-o", options, "start"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [*runas, pgbin / "initdb", "-D", folder / "pg", "-U", "postgres", "-A", "trust", "--no-sync"],
+        check=True,
+        capture_output=True,
+    )
+    options = (
+        f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c max_connections={max_connections} "
+        f"-c fsync=on -c synchronous_commit=on -c full_page_writes=on {settings}"
+    ).strip()
+    subprocess.run(
+        [
+            *runas,
+            pgbin / "pg_ctl",
+            "-D",
+            folder / "pg",
+            "-l",
+            folder / "pg.log",
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            options,
+            "start",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     try:
-        subprocess.run([*runas, pgbin / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
-                        "workbench"], check=True)
+        subprocess.run(
+            [*runas, pgbin / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "workbench"],
+            check=True,
+        )
         yield f"postgres://postgres@127.0.0.1:{port}/workbench"
     finally:
-        subprocess.run([*runas, pgbin / "pg_ctl", "-D", folder / "pg", "-m", "fast", "-w", "stop"],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [*runas, pgbin / "pg_ctl", "-D", folder / "pg", "-m", "fast", "-w", "stop"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
 
 @contextlib.contextmanager
 def local_redis(folder: Path) -> Iterator[str]:
     port = free_port()
     pidfile = folder / "redis.pid"
-    subprocess.run(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                    "no", "--daemonize", "yes", "--pidfile", pidfile, "--logfile", folder / "redis.log",
-                    "--dir", folder], check=True)
+    subprocess.run(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "yes",
+            "--pidfile",
+            pidfile,
+            "--logfile",
+            folder / "redis.log",
+            "--dir",
+            folder,
+        ],
+        check=True,
+    )
     try:
         for _ in range(50):
             if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode == 0:
@@ -195,16 +246,31 @@ def services(database_url: str | None, redis_url: str | None) -> Iterator[tuple[
 
 
 @contextlib.contextmanager
-def daphne(env: dict[str, str], log_path: Path, *, append_log: bool = False, timeout: float = 60,
-           cwd: Path = ROOT) -> Iterator[str]:
+def daphne(
+    env: dict[str, str], log_path: Path, *, append_log: bool = False, timeout: float = 60, cwd: Path = ROOT
+) -> Iterator[str]:
     """Daphne serving `workbench.asgi` of the checkout `cwd` (Daphne imports from its cwd first) on a free
     loopback port with `env`; its URL once /healthz answers."""
     import httpx
 
     url = f"http://127.0.0.1:{free_port()}"
     with open(log_path, "ab" if append_log else "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", url.rsplit(":", 1)[1],
-                                    "workbench.asgi:application"], cwd=cwd, env=env, stdout=log, stderr=log)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                url.rsplit(":", 1)[1],
+                "workbench.asgi:application",
+            ],
+            cwd=cwd,
+            env=env,
+            stdout=log,
+            stderr=log,
+        )
         try:
             deadline = time.monotonic() + timeout
             while True:
@@ -225,10 +291,16 @@ def daphne(env: dict[str, str], log_path: Path, *, append_log: bool = False, tim
 
 def service_arguments(parser: argparse.ArgumentParser) -> None:
     """--database-url and --redis-url: a benchmark's own PostgreSQL and Redis unless given."""
-    parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
-                        help="use this PostgreSQL database instead of starting one (env BENCH_DATABASE_URL)")
-    parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL"),
-                        help="use this Redis instead of starting one (env BENCH_REDIS_URL)")
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("BENCH_DATABASE_URL"),
+        help="use this PostgreSQL database instead of starting one (env BENCH_DATABASE_URL)",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("BENCH_REDIS_URL"),
+        help="use this Redis instead of starting one (env BENCH_REDIS_URL)",
+    )
 
 
 def save_figure(figure: Any, path: Path, title: str) -> None:
@@ -241,7 +313,9 @@ def save_figure(figure: Any, path: Path, title: str) -> None:
 
 
 def setup_django(database_url: str, redis_url: str) -> None:
-    os.environ.update(DATABASE_URL=database_url, REDIS_URL=redis_url, DJANGO_SETTINGS_MODULE="workbench.settings")
+    os.environ.update(
+        DATABASE_URL=database_url, REDIS_URL=redis_url, DJANGO_SETTINGS_MODULE="workbench.settings"
+    )
     import django
 
     django.setup()
@@ -269,9 +343,21 @@ def _raw_append(conn: Any, session_id: str) -> None:
 
     body = dict(EVENT)
     event_type = body.pop("type")
-    conn.execute(APPEND, {"session": session_id, "count": 1, "now": datetime.now(UTC), "epoch": None,
-                          "open_only": False, "status": None, "uids": [new_id("sevt")], "types": [event_type],
-                          "payloads": [Jsonb(body)], "event_keys": [None]}).fetchone()
+    conn.execute(
+        APPEND,
+        {
+            "session": session_id,
+            "count": 1,
+            "now": datetime.now(UTC),
+            "epoch": None,
+            "open_only": False,
+            "status": None,
+            "uids": [new_id("sevt")],
+            "types": [event_type],
+            "payloads": [Jsonb(body)],
+            "event_keys": [None],
+        },
+    ).fetchone()
 
 
 def _broadcast_drained() -> None:
@@ -296,7 +382,9 @@ def _writer(pipe: Connection, database_url: str, redis_url: str, warmup_session:
     pipe.send("ready")
     while (command := pipe.recv()) is not None:
         mode, session_id, start_at, duration = command
-        append = partial(_raw_append, raw, session_id) if mode == "raw" else partial(emit_event, session_id, EVENT)
+        append = (
+            partial(_raw_append, raw, session_id) if mode == "raw" else partial(emit_event, session_id, EVENT)
+        )
         time.sleep(max(0.0, start_at - time.monotonic()))
         deadline = start_at + duration
         count = 0
@@ -320,8 +408,9 @@ class Writers:
         self.processes = []
         for _ in range(count):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_writer, args=(theirs, database_url, redis_url, warmup_session),
-                                      daemon=True)
+            process = context.Process(
+                target=_writer, args=(theirs, database_url, redis_url, warmup_session), daemon=True
+            )
             process.start()
             self.pipes.append(ours)
             self.processes.append(process)
@@ -354,9 +443,11 @@ class Writers:
 def measure_appends(plan: Plan, database_url: str, redis_url: str) -> list[AppendCase]:
     from django.db import connections
 
-    cases = [AppendCase("1 writer, 1 session", 1, 1),
-             AppendCase(f"{plan.writers} writers, {plan.writers} sessions", plan.writers, plan.writers),
-             AppendCase(f"{plan.writers} writers, 1 session", plan.writers, 1)]
+    cases = [
+        AppendCase("1 writer, 1 session", 1, 1),
+        AppendCase(f"{plan.writers} writers, {plan.writers} sessions", plan.writers, plan.writers),
+        AppendCase(f"{plan.writers} writers, 1 session", plan.writers, 1),
+    ]
     sessions = {case.name: [new_session() for _ in range(case.sessions)] for case in cases}
     warmup = new_session()
     connections.close_all()
@@ -376,8 +467,10 @@ def measure_appends(plan: Plan, database_url: str, redis_url: str) -> list[Appen
                         case.emit_rates.append(rate)
                         case.emit_drain_s.append(drain)
                         case.emit_cpu_us.append(cpu_us)
-                    say(f"  {case.name:<24} round {round_ + 1}/{plan.rounds} {mode:<4} {rate:8,.0f} events/s "
-                        f"{cpu_us:6,.0f} us CPU/event")
+                    say(
+                        f"  {case.name:<24} round {round_ + 1}/{plan.rounds} {mode:<4} {rate:8,.0f} events/s "
+                        f"{cpu_us:6,.0f} us CPU/event"
+                    )
     finally:
         writers.close()
     return cases
@@ -438,8 +531,10 @@ def time_reads(sessions: dict[int, str], reads: int) -> list[SliceResult]:
             assert len(events) == SLICE, (size, kind, start, len(events))
             if round_ >= 20:  # the first rounds warm the caches and the connection
                 timings[size, kind].append(elapsed)
-    return [SliceResult(size, kind, reads, percentile(t, 0.50), percentile(t, 0.95))
-            for (size, kind), t in timings.items()]
+    return [
+        SliceResult(size, kind, reads, percentile(t, 0.50), percentile(t, 0.95))
+        for (size, kind), t in timings.items()
+    ]
 
 
 def measure_slices(plan: Plan) -> tuple[list[SliceResult], dict[int, float]]:
@@ -466,8 +561,14 @@ def flatness(slices: list[SliceResult]) -> dict[str, Any]:
     random_reads = sorted((r for r in slices if r.kind == "random"), key=lambda r: r.size)
     smallest, largest = random_reads[0], random_reads[-1]
     limit = max(smallest.p50_ms * FLAT_FACTOR, smallest.p50_ms + FLAT_SLACK_MS)
-    return {"from": smallest.size, "to": largest.size, "p50_from_ms": smallest.p50_ms,
-            "p50_to_ms": largest.p50_ms, "limit_ms": limit, "met": largest.p50_ms <= limit}
+    return {
+        "from": smallest.size,
+        "to": largest.size,
+        "p50_from_ms": smallest.p50_ms,
+        "p50_to_ms": largest.p50_ms,
+        "limit_ms": limit,
+        "met": largest.p50_ms <= limit,
+    }
 
 
 # --- Report ---------------------------------------------------------------------------------------------
@@ -500,13 +601,25 @@ def machine_info() -> dict[str, Any]:
 
     with connection.cursor() as cursor:
         settings = {}
-        for name in ("server_version", "fsync", "synchronous_commit", "full_page_writes", "shared_buffers",
-                     "wal_sync_method"):
+        for name in (
+            "server_version",
+            "fsync",
+            "synchronous_commit",
+            "full_page_writes",
+            "shared_buffers",
+            "wal_sync_method",
+        ):
             cursor.execute(f"SHOW {name}")
             settings[name] = cursor.fetchone()[0]
     meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "nproc": len(os.sched_getaffinity(0)),
@@ -529,20 +642,29 @@ def power(size: int) -> str:
 def table(cases: list[AppendCase], slices: list[SliceResult], flat: dict[str, Any]) -> str:
     yes = {True: "met", False: "MISSED"}
     rule = "-" * 100
-    lines = [f"{'append case':<26}{'emit_event/s':>13}{'raw/s':>9}{'emit/raw':>10}  {'target':<16}{'result':<8}"
-             "CPU/event emit, raw", rule]
+    lines = [
+        f"{'append case':<26}{'emit_event/s':>13}{'raw/s':>9}{'emit/raw':>10}  {'target':<16}{'result':<8}"
+        "CPU/event emit, raw",
+        rule,
+    ]
     for c in cases:
         cpu = f"{statistics.median(c.emit_cpu_us):,.0f}, {statistics.median(c.raw_cpu_us):,.0f} us"
-        lines.append(f"{c.name:<26}{c.emit:>13,.0f}{c.raw:>9,.0f}{c.ratio:>10.0%}  "
-                     f"{'>= ' + format(RATIO_TARGET, '.0%') + ' of raw':<16}{yes[c.met]:<8}{cpu}")
+        lines.append(
+            f"{c.name:<26}{c.emit:>13,.0f}{c.raw:>9,.0f}{c.ratio:>10.0%}  "
+            f"{'>= ' + format(RATIO_TARGET, '.0%') + ' of raw':<16}{yes[c.met]:<8}{cpu}"
+        )
     lines += ["", f"{'slice read (100 events)':<38}{'p50 ms':>8}{'p95 ms':>9}  {'target':<16}result", rule]
     for r in slices:
         what = f"[s:s+{SLICE}], random s" if r.kind == "random" else f"[-{SLICE}:]"
-        lines.append(f"{power(r.size) + ' events ' + what:<38}{r.p50_ms:>8.2f}{r.p95_ms:>9.2f}  "
-                     f"{'p50 <= ' + format(SLICE_P50_TARGET_MS, 'g') + ' ms':<16}{yes[r.met]}")
-    lines.append(f"{'flat ' + power(flat['from']) + ' -> ' + power(flat['to']) + ' (random p50)':<38}"
-                 f"{flat['p50_to_ms']:>8.2f}{'':>9}  {'<= ' + format(flat['limit_ms'], '.2f') + ' ms':<16}"
-                 f"{yes[flat['met']]}")
+        lines.append(
+            f"{power(r.size) + ' events ' + what:<38}{r.p50_ms:>8.2f}{r.p95_ms:>9.2f}  "
+            f"{'p50 <= ' + format(SLICE_P50_TARGET_MS, 'g') + ' ms':<16}{yes[r.met]}"
+        )
+    lines.append(
+        f"{'flat ' + power(flat['from']) + ' -> ' + power(flat['to']) + ' (random p50)':<38}"
+        f"{flat['p50_to_ms']:>8.2f}{'':>9}  {'<= ' + format(flat['limit_ms'], '.2f') + ' ms':<16}"
+        f"{yes[flat['met']]}"
+    )
     return "\n".join(lines)
 
 
@@ -556,16 +678,27 @@ def plot(path: Path, cases: list[AppendCase], slices: list[SliceResult], title: 
     xs = range(len(cases))
     width = 0.38
     # Whiskers span the rounds' slowest and fastest runs.
-    for offset, rates, label, colour in ((-width / 2, [c.emit_rates for c in cases], "emit_event", "#3b6ea8"),
-                                         (width / 2, [c.raw_rates for c in cases], "raw psycopg", "#b0b0b0")):
+    for offset, rates, label, colour in (
+        (-width / 2, [c.emit_rates for c in cases], "emit_event", "#3b6ea8"),
+        (width / 2, [c.raw_rates for c in cases], "raw psycopg", "#b0b0b0"),
+    ):
         medians = [statistics.median(r) for r in rates]
-        spread = [[m - min(r) for m, r in zip(medians, rates, strict=True)],
-                  [max(r) - m for m, r in zip(medians, rates, strict=True)]]
+        spread = [
+            [m - min(r) for m, r in zip(medians, rates, strict=True)],
+            [max(r) - m for m, r in zip(medians, rates, strict=True)],
+        ]
         bars.bar([x + offset for x in xs], medians, width, yerr=spread, capsize=3, label=label, color=colour)
     for x, c in zip(xs, cases, strict=True):
         top = max(c.emit_rates + c.raw_rates)
-        bars.annotate(f"{c.ratio:.0%} of raw", (x, top), xytext=(0, 4), textcoords="offset points", ha="center",
-                      va="bottom", fontsize=9)
+        bars.annotate(
+            f"{c.ratio:.0%} of raw",
+            (x, top),
+            xytext=(0, 4),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=9,
+        )
     bars.set_ylim(top=1.12 * max(max(c.emit_rates + c.raw_rates) for c in cases))
     bars.set_xticks(list(xs), [c.name.replace(", ", ",\n") for c in cases])
     bars.set_ylabel("events / s (median of rounds)")
@@ -574,8 +707,12 @@ def plot(path: Path, cases: list[AppendCase], slices: list[SliceResult], title: 
     for kind, colour in (("random", "#3b6ea8"), ("tail", "#d0803a")):
         rows = sorted((r for r in slices if r.kind == kind), key=lambda r: r.size)
         label = f"[s:s+{SLICE}]" if kind == "random" else f"[-{SLICE}:]"
-        curves.plot([r.size for r in rows], [r.p50_ms for r in rows], "o-", color=colour, label=f"{label} p50")
-        curves.plot([r.size for r in rows], [r.p95_ms for r in rows], "o--", color=colour, label=f"{label} p95")
+        curves.plot(
+            [r.size for r in rows], [r.p50_ms for r in rows], "o-", color=colour, label=f"{label} p50"
+        )
+        curves.plot(
+            [r.size for r in rows], [r.p95_ms for r in rows], "o--", color=colour, label=f"{label} p95"
+        )
     curves.axhline(SLICE_P50_TARGET_MS, color="#a33", linewidth=0.8, linestyle=":", label="p50 target")
     curves.set_xscale("log")
     curves.set_ylim(bottom=0)
@@ -604,11 +741,15 @@ def main(argv: list[str] | None = None) -> int:
         call_command("migrate", verbosity=0)
         machine = machine_info()
         pg = machine["postgresql"]
-        say(f"PostgreSQL {pg['server_version']} (fsync={pg['fsync']}, synchronous_commit="
-            f"{pg['synchronous_commit']}), {machine['nproc']} CPUs, {machine['memory_gib']} GiB")
+        say(
+            f"PostgreSQL {pg['server_version']} (fsync={pg['fsync']}, synchronous_commit="
+            f"{pg['synchronous_commit']}), {machine['nproc']} CPUs, {machine['memory_gib']} GiB"
+        )
         if machine["load_average_at_start"][0] > 0.5:
-            say(f"note: load average {machine['load_average_at_start'][0]} before starting; other work on this "
-                "machine will make the figures noisy")
+            say(
+                f"note: load average {machine['load_average_at_start'][0]} before starting; other work on this "
+                "machine will make the figures noisy"
+            )
         say(f"appends: {plan.rounds} rounds of {plan.duration:g} s per side and case")
         cases = measure_appends(plan, database_url, redis_url)
         slices, populate_seconds = measure_slices(plan)
@@ -622,7 +763,10 @@ def main(argv: list[str] | None = None) -> int:
     say("")
     say(report)
     say("")
-    say(f"targets met: {met} of {total}" + ("" if met == total else " (a benchmark reports; exit status stays 0)"))
+    say(
+        f"targets met: {met} of {total}"
+        + ("" if met == total else " (a benchmark reports; exit status stays 0)")
+    )
 
     stem = "log-quick" if args.quick else "log"
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -633,25 +777,48 @@ def main(argv: list[str] | None = None) -> int:
         "plan": asdict(plan),
         "seconds": round(time.monotonic() - began, 1),
         "appends": [
-            {"case": c.name, "writers": c.writers, "sessions": c.sessions,
-             "emit_rates": [round(r, 1) for r in c.emit_rates], "raw_rates": [round(r, 1) for r in c.raw_rates],
-             "emit_median": round(c.emit, 1), "raw_median": round(c.raw, 1), "ratio": round(c.ratio, 3),
-             "emit_broadcast_drain_s": [round(d, 3) for d in c.emit_drain_s],
-             "emit_writer_cpu_us_per_event": [round(u) for u in c.emit_cpu_us],
-             "raw_writer_cpu_us_per_event": [round(u) for u in c.raw_cpu_us],
-             "target": f"ratio >= {RATIO_TARGET}", "met": c.met}
+            {
+                "case": c.name,
+                "writers": c.writers,
+                "sessions": c.sessions,
+                "emit_rates": [round(r, 1) for r in c.emit_rates],
+                "raw_rates": [round(r, 1) for r in c.raw_rates],
+                "emit_median": round(c.emit, 1),
+                "raw_median": round(c.raw, 1),
+                "ratio": round(c.ratio, 3),
+                "emit_broadcast_drain_s": [round(d, 3) for d in c.emit_drain_s],
+                "emit_writer_cpu_us_per_event": [round(u) for u in c.emit_cpu_us],
+                "raw_writer_cpu_us_per_event": [round(u) for u in c.raw_cpu_us],
+                "target": f"ratio >= {RATIO_TARGET}",
+                "met": c.met,
+            }
             for c in cases
         ],
-        "slices": [{**asdict(r), "p50_ms": round(r.p50_ms, 3), "p95_ms": round(r.p95_ms, 3),
-                    "target": f"p50 <= {SLICE_P50_TARGET_MS} ms", "met": r.met} for r in slices],
-        "flat": {**flat, "rule": f"p50 at the largest <= max({FLAT_FACTOR} x, +{FLAT_SLACK_MS} ms) of the smallest"},
+        "slices": [
+            {
+                **asdict(r),
+                "p50_ms": round(r.p50_ms, 3),
+                "p95_ms": round(r.p95_ms, 3),
+                "target": f"p50 <= {SLICE_P50_TARGET_MS} ms",
+                "met": r.met,
+            }
+            for r in slices
+        ],
+        "flat": {
+            **flat,
+            "rule": f"p50 at the largest <= max({FLAT_FACTOR} x, +{FLAT_SLACK_MS} ms) of the smallest",
+        },
         "populate_seconds": {str(size): round(s, 1) for size, s in populate_seconds.items()},
         "targets": {"met": met, "total": total},
         "table": report,
     }
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(RESULTS / f"{stem}.png", cases, slices,
-         f"bench/log on {machine['nproc']} CPUs, PostgreSQL {pg['server_version']} (fsync on), {machine['date']}")
+    plot(
+        RESULTS / f"{stem}.png",
+        cases,
+        slices,
+        f"bench/log on {machine['nproc']} CPUs, PostgreSQL {pg['server_version']} (fsync on), {machine['date']}",
+    )
     say(f"wrote {RESULTS.relative_to(ROOT)}/{stem}.json and {stem}.png ({result['seconds']:.0f} s)")
     return 0
 

@@ -387,11 +387,15 @@ def render_ui(data: dict[str, Any]) -> tuple[list[str], int, int]:
     load = data.get("machine_load") or []
     if load:
         kinds = sorted({kind for row in load for kind in row["cores"]})
-        cores = ", ".join(f"{kind} {sum(row['cores'].get(kind, 0) for row in load) / len(load):.2f}" for kind in kinds)
+        cores = ", ".join(
+            f"{kind} {sum(row['cores'].get(kind, 0) for row in load) / len(load):.2f}" for kind in kinds
+        )
         busy = sorted(row["busy"] for row in load)
-        out += [f"During the appends: CPU busy median {busy[len(busy) // 2]:.0%}, highest {busy[-1]:.0%}; cores used "
-                f"on average: {cores}; slices the pages had to fetch: {len(data.get('slice_fetches_s_into_run', []))}.",
-                ""]
+        out += [
+            f"During the appends: CPU busy median {busy[len(busy) // 2]:.0%}, highest {busy[-1]:.0%}; cores used "
+            f"on average: {cores}; slices the pages had to fetch: {len(data.get('slice_fetches_s_into_run', []))}.",
+            "",
+        ]
     targets = data.get("targets", {})
     return out, targets.get("met", 0), targets.get("total", 0)
 
@@ -403,7 +407,10 @@ def render_api(data: dict[str, Any]) -> tuple[list[str], int, int]:
     header += [f"this / {label} (p50)" for label in labels[1:]]
     rows = []
     for r in data["rows"]:
-        cells = [f"{num(r['versions'][label]['p50_ms'])} / {num(r['versions'][label]['p95_ms'])}" for label in labels]
+        cells = [
+            f"{num(r['versions'][label]['p50_ms'])} / {num(r['versions'][label]['p95_ms'])}"
+            for label in labels
+        ]
         ratios = [f"{r['ratio_p50'][label]:.2f}x" for label in labels[1:]]
         rows.append([r["measurement"], r["clients"], *cells, *ratios])
     plan = data["plan"]

@@ -161,7 +161,9 @@ def local_available() -> Provider | None:
     return LocalProvider()
 
 
-def run(*, provisions: int = 20, calls: int = 200, extra_rows: Iterable[Callable[[], Row | list[Row]]] = ()) -> list[Row]:
+def run(
+    *, provisions: int = 20, calls: int = 200, extra_rows: Iterable[Callable[[], Row | list[Row]]] = ()
+) -> list[Row]:
     rows: list[Row] = []
     docker_provider = docker_available()
     if docker_provider is not None:
@@ -256,8 +258,12 @@ def warm_pool_rows(samples: int) -> list[Row]:
     import tempfile
 
     folder = tempfile.mkdtemp(prefix="bench-pool-")
-    os.environ.update(DATABASE_URL=f"sqlite:///{folder}/bench.sqlite3", CELERY_BROKER_URL="memory://",
-                      DJANGO_SETTINGS_MODULE="workbench.settings", SANDBOX_PROVIDER="docker")
+    os.environ.update(
+        DATABASE_URL=f"sqlite:///{folder}/bench.sqlite3",
+        CELERY_BROKER_URL="memory://",
+        DJANGO_SETTINGS_MODULE="workbench.settings",
+        SANDBOX_PROVIDER="docker",
+    )
     import django
     from django.core.management import call_command
 
@@ -272,9 +278,13 @@ def warm_pool_rows(samples: int) -> list[Row]:
 
     agent = agent_create({"name": "bench", "model": "m"}).agent_id
     rows = []
-    for label, pool, target in (("platform: provision from the warm pool", 1, 50.0),
-                                ("platform: provision cold (no pool)", 0, None)):
-        env = environment_create({"name": label, "config": {"type": "cloud", "sandbox": {"warm_pool": pool}}}).id
+    for label, pool, target in (
+        ("platform: provision from the warm pool", 1, 50.0),
+        ("platform: provision cold (no pool)", 0, None),
+    ):
+        env = environment_create(
+            {"name": label, "config": {"type": "cloud", "sandbox": {"warm_pool": pool}}}
+        ).id
         session = session_create({"agent": agent, "environment_id": env}).id
         row = Row(label, target_p50_ms=target)
         for i in range(samples):
@@ -282,7 +292,9 @@ def warm_pool_rows(samples: int) -> list[Row]:
             started = time.perf_counter()
             sandbox = sandbox_provision(session, name=f"hand-{i}")
             row.samples_ms.append((time.perf_counter() - started) * 1000)
-            assert bool(sandbox.labels.get("from_pool")) == bool(pool), "the pool did not hand out its sandbox"
+            assert bool(sandbox.labels.get("from_pool")) == bool(pool), (
+                "the pool did not hand out its sandbox"
+            )
             sandbox_terminate(sandbox.id)  # a session holds at most SANDBOX_MAX_PER_SESSION hands
         rows.append(row)
         for sandbox in Sandbox.objects.exclude(status="terminated"):
@@ -298,8 +310,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.provisions, args.calls = 5, 30
-    rows = run(provisions=args.provisions, calls=args.calls,
-               extra_rows=[lambda: warm_pool_rows(args.provisions)])
+    rows = run(
+        provisions=args.provisions, calls=args.calls, extra_rows=[lambda: warm_pool_rows(args.provisions)]
+    )
     print(table(rows))
     json_path, png_path = save(rows)
     print(f"\nsaved {json_path.relative_to(ROOT)} and {png_path.relative_to(ROOT)}")

@@ -59,9 +59,18 @@ from bench.log import (  # noqa: E402
 RESULTS = ROOT / "bench" / "results"
 CHROMIUM = "/usr/bin/chromium"
 # Background pages must not be throttled: all 20 are "open" at once, as on 20 operators' screens.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic", "--disable-background-timer-throttling",
-                 "--disable-renderer-backgrounding", "--disable-backgrounding-occluded-windows"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+    "--disable-background-timer-throttling",
+    "--disable-renderer-backgrounding",
+    "--disable-backgrounding-occluded-windows",
+]
 LONG_SESSION = 10_000
 TAIL_TARGET_MS = 1000.0
 APPEND_P95_TARGET_MS = 150.0
@@ -109,18 +118,50 @@ def long_session(length: int) -> str:
     for seq in range(length):
         call = f"sevt_bench{session_id[-8:]}{seq - seq % 10 + 3}"
         if seq % 10 == 3:
-            kind, payload = "agent.tool_use", {"name": "bash", "input": {"command": f"ls -la /workspace/{seq}"},
-                                                "evaluated_permission": "allow"}
+            kind, payload = (
+                "agent.tool_use",
+                {
+                    "name": "bash",
+                    "input": {"command": f"ls -la /workspace/{seq}"},
+                    "evaluated_permission": "allow",
+                },
+            )
         elif seq % 10 == 4:
-            kind, payload = "agent.tool_result", {"tool_use_id": call, "is_error": False, "content": [
-                {"type": "text", "text": "\n".join(f"line {i} of the output of call {seq - 1}" for i in range(20))}]}
+            kind, payload = (
+                "agent.tool_result",
+                {
+                    "tool_use_id": call,
+                    "is_error": False,
+                    "content": [
+                        {
+                            "type": "text",
+                            "text": "\n".join(f"line {i} of the output of call {seq - 1}" for i in range(20)),
+                        }
+                    ],
+                },
+            )
         else:
             kind = "user.message" if seq % 2 else "agent.message"
-            payload = {"content": [{"type": "text", "text": f"Event {seq}: a sentence or two of ordinary length, "
-                                                              "like what a model says between tool calls."}]}
-        events.append(Event(uid=call if kind == "agent.tool_use" else new_id("sevt"), session_id=session_id, seq=seq,
-                            type=kind, payload=payload, processed_at=start + timedelta(seconds=seq),
-                            lease_epoch=1 + seq // 2500))
+            payload = {
+                "content": [
+                    {
+                        "type": "text",
+                        "text": f"Event {seq}: a sentence or two of ordinary length, "
+                        "like what a model says between tool calls.",
+                    }
+                ]
+            }
+        events.append(
+            Event(
+                uid=call if kind == "agent.tool_use" else new_id("sevt"),
+                session_id=session_id,
+                seq=seq,
+                type=kind,
+                payload=payload,
+                processed_at=start + timedelta(seconds=seq),
+                lease_epoch=1 + seq // 2500,
+            )
+        )
     Event.objects.bulk_create(events, batch_size=2000)
     Session.objects.filter(id=session_id).update(next_seq=length)
     return session_id
@@ -182,9 +223,13 @@ def measure_opens(context: Any, base: str, session_id: str, opens: int) -> list[
         wall = (time.perf_counter() - began) * 1000
         first_byte = page.evaluate("performance.getEntriesByType('navigation')[0].responseStart")
         if i:
-            results.append(Open(visible_ms=float(visible.json_value()), first_byte_ms=float(first_byte), wall_ms=wall))
-            say(f"  open {i}/{opens}: tail visible after {results[-1].visible_ms:.0f} ms "
-                f"(first byte {first_byte:.0f} ms)")
+            results.append(
+                Open(visible_ms=float(visible.json_value()), first_byte_ms=float(first_byte), wall_ms=wall)
+            )
+            say(
+                f"  open {i}/{opens}: tail visible after {results[-1].visible_ms:.0f} ms "
+                f"(first byte {first_byte:.0f} ms)"
+            )
     page.close()
     return results
 
@@ -217,8 +262,14 @@ def append(session_id: str, plan: Plan) -> dict[int, float]:
         if wait > 0:
             time.sleep(wait)
         stamp = time.time()
-        event = emit_event(session_id, {"type": "agent.message", "bench_appended_at": stamp,
-                                        "content": [{"type": "text", "text": f"bench event {i}"}]})
+        event = emit_event(
+            session_id,
+            {
+                "type": "agent.message",
+                "bench_appended_at": stamp,
+                "content": [{"type": "text", "text": f"bench event {i}"}],
+            },
+        )
         stamps[event.seq] = stamp
         if (i + 1) % max(1, int(plan.rate * 2)) == 0:
             say(f"  appended {i + 1}/{count}")
@@ -272,8 +323,11 @@ class Sampler(threading.Thread):
         except OSError:
             return "chromium: other"
         kind = next((a.split(b"=", 1)[1].decode() for a in arguments if a.startswith(b"--type=")), "browser")
-        return {"renderer": "chromium: pages", "gpu-process": "chromium: gpu", "browser": "chromium: browser"
-                }.get(kind, "chromium: other")
+        return {
+            "renderer": "chromium: pages",
+            "gpu-process": "chromium: gpu",
+            "browser": "chromium: browser",
+        }.get(kind, "chromium: other")
 
     def run(self) -> None:
         before, waited = self._machine()
@@ -287,15 +341,20 @@ class Sampler(threading.Thread):
                 idle = (now[3] + now[4]) - (before[3] + before[4])
                 steal = now[7] - before[7] if len(now) > 7 else 0.0
                 seconds = elapsed / os.sysconf("SC_CLK_TCK") / cores
-                self.rows.append({
-                    "t": round(time.time() - self.began, 2),
-                    "busy": round(1 - idle / elapsed, 3),
-                    "steal": round(steal / elapsed, 3),
-                    "pressure": None if waited is None or now_waited is None
-                    else round((now_waited - waited) / 1e6 / seconds, 3),
-                    "cores": {kind: round((now_processes.get(kind, 0) - processes.get(kind, 0)) / seconds, 2)
-                              for kind in now_processes},
-                })
+                self.rows.append(
+                    {
+                        "t": round(time.time() - self.began, 2),
+                        "busy": round(1 - idle / elapsed, 3),
+                        "steal": round(steal / elapsed, 3),
+                        "pressure": None
+                        if waited is None or now_waited is None
+                        else round((now_waited - waited) / 1e6 / seconds, 3),
+                        "cores": {
+                            kind: round((now_processes.get(kind, 0) - processes.get(kind, 0)) / seconds, 2)
+                            for kind in now_processes
+                        },
+                    }
+                )
             before, waited, processes = now, now_waited, now_processes
 
     def stop(self) -> list[dict[str, Any]]:
@@ -318,8 +377,9 @@ def slice_fetches(pages: list[Any], since: float) -> list[float]:
     return sorted(round(t, 2) for t in times)
 
 
-def collect(pages: list[Any], stamps: dict[int, float], warmup: int
-            ) -> tuple[list[float], int, list[float], list[list[float]]]:
+def collect(
+    pages: list[Any], stamps: dict[int, float], warmup: int
+) -> tuple[list[float], int, list[float], list[list[float]]]:
     """Latencies in ms of every measured (page, seq), how many never showed, each page's p95, and per
     measured event (in append order) its seconds into the run, median and slowest page's latency."""
     measured = sorted(stamps)[warmup:]
@@ -343,8 +403,13 @@ def collect(pages: list[Any], stamps: dict[int, float], warmup: int
     for seq in measured:
         shown = [seen[seq] - stamps[seq] * 1000 for seen in seen_by_page if seq in seen]
         if shown:
-            timeline.append([round(stamps[seq] - stamps[measured[0]], 3), round(percentile(shown, 0.5), 1),
-                             round(max(shown), 1)])
+            timeline.append(
+                [
+                    round(stamps[seq] - stamps[measured[0]], 3),
+                    round(percentile(shown, 0.5), 1),
+                    round(max(shown), 1),
+                ]
+            )
     return latencies, missing, page_p95, timeline
 
 
@@ -352,27 +417,42 @@ def collect(pages: list[Any], stamps: dict[int, float], warmup: int
 
 
 def summary(values: list[float]) -> dict[str, float]:
-    return {"p50_ms": round(percentile(values, 0.5), 1), "p95_ms": round(percentile(values, 0.95), 1),
-            "max_ms": round(max(values), 1), "n": len(values)}
+    return {
+        "p50_ms": round(percentile(values, 0.5), 1),
+        "p95_ms": round(percentile(values, 0.95), 1),
+        "max_ms": round(max(values), 1),
+        "n": len(values),
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| measure | p50 | p95 | max | n | target | met |", "|---|---|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row['measure']} | {row['p50_ms']:.0f} ms | {row['p95_ms']:.0f} ms | {row['max_ms']:.0f} ms | "
-                     f"{row['n']} | {row['target']} | {'yes' if row['met'] else '**no**'} |")
+        lines.append(
+            f"| {row['measure']} | {row['p50_ms']:.0f} ms | {row['p95_ms']:.0f} ms | {row['max_ms']:.0f} ms | "
+            f"{row['n']} | {row['target']} | {'yes' if row['met'] else '**no**'} |"
+        )
     return "\n".join(lines)
 
 
-def plot(path: Path, opens: list[Open], latencies: list[float], timeline: list[list[float]], plan: Plan,
-         title: str, machine_load: list[dict[str, Any]], fetches: list[float]) -> None:
+def plot(
+    path: Path,
+    opens: list[Open],
+    latencies: list[float],
+    timeline: list[list[float]],
+    plan: Plan,
+    title: str,
+    machine_load: list[dict[str, Any]],
+    fetches: list[float],
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    axes = plt.figure(figsize=(17, 7.5)).subplot_mosaic([["open", "spread", "late"], ["open", "spread", "load"]],
-                                                         height_ratios=[3, 2])
+    axes = plt.figure(figsize=(17, 7.5)).subplot_mosaic(
+        [["open", "spread", "late"], ["open", "spread", "load"]], height_ratios=[3, 2]
+    )
     left, right, late, load = axes["open"], axes["spread"], axes["late"], axes["load"]
     figure = left.figure
     runs = range(1, len(opens) + 1)
@@ -392,10 +472,22 @@ def plot(path: Path, opens: list[Open], latencies: list[float], timeline: list[l
     right.set_ylabel("fraction of (page, event)")
     right.set_title(f"{plan.pages} pages, {plan.rate:g} appends/s for {plan.seconds:g} s")
     right.legend(fontsize=8)
-    late.plot([t for t, _, _ in timeline], [m for _, m, _ in timeline], ".", color="#3b6ea8", markersize=3,
-              label="median of the pages")
-    late.plot([t for t, _, _ in timeline], [x for _, _, x in timeline], ".", color="#d08030", markersize=3,
-              label="slowest page")
+    late.plot(
+        [t for t, _, _ in timeline],
+        [m for _, m, _ in timeline],
+        ".",
+        color="#3b6ea8",
+        markersize=3,
+        label="median of the pages",
+    )
+    late.plot(
+        [t for t, _, _ in timeline],
+        [x for _, _, x in timeline],
+        ".",
+        color="#d08030",
+        markersize=3,
+        label="slowest page",
+    )
     late.axhline(APPEND_P95_TARGET_MS, color="#a33", linewidth=0.8, linestyle=":", label="p95 target")
     late.set_yscale("log")
     late.set_xlabel("s into the append run")
@@ -403,19 +495,46 @@ def plot(path: Path, opens: list[Open], latencies: list[float], timeline: list[l
     late.set_title("Each event over the run")
     late.legend(fontsize=8)
     if fetches:
-        late.plot(fetches, [late.get_ylim()[0] * 1.2] * len(fetches), "|", color="#a33", markersize=8,
-                  label="a page fetched a slice")
+        late.plot(
+            fetches,
+            [late.get_ylim()[0] * 1.2] * len(fetches),
+            "|",
+            color="#a33",
+            markersize=8,
+            label="a page fetched a slice",
+        )
         late.legend(fontsize=8)
     times = [row["t"] for row in machine_load]
-    for kind, colour in (("chromium: pages", "#3b6ea8"), ("chromium: gpu", "#7fa6d6"),
-                         ("chromium: browser", "#9b59b6"), ("daphne", "#d08030"), ("postgresql", "#6a9a4a")):
-        load.plot(times, [row["cores"].get(kind, 0) for row in machine_load], color=colour, linewidth=1,
-                  label=f"{kind} (cores)")
-    load.plot(times, [len(os.sched_getaffinity(0)) * row["busy"] for row in machine_load], color="black", linewidth=0.8, linestyle="--",
-              label="all busy (cores)")
+    for kind, colour in (
+        ("chromium: pages", "#3b6ea8"),
+        ("chromium: gpu", "#7fa6d6"),
+        ("chromium: browser", "#9b59b6"),
+        ("daphne", "#d08030"),
+        ("postgresql", "#6a9a4a"),
+    ):
+        load.plot(
+            times,
+            [row["cores"].get(kind, 0) for row in machine_load],
+            color=colour,
+            linewidth=1,
+            label=f"{kind} (cores)",
+        )
+    load.plot(
+        times,
+        [len(os.sched_getaffinity(0)) * row["busy"] for row in machine_load],
+        color="black",
+        linewidth=0.8,
+        linestyle="--",
+        label="all busy (cores)",
+    )
     if any(row["pressure"] is not None for row in machine_load):
-        load.plot(times, [row["pressure"] or 0 for row in machine_load], color="#a33", linewidth=0.8,
-                  label="CPU pressure (share waiting)")
+        load.plot(
+            times,
+            [row["pressure"] or 0 for row in machine_load],
+            color="#a33",
+            linewidth=0.8,
+            label="CPU pressure (share waiting)",
+        )
     load.set_xlim(late.get_xlim())
     load.set_xlabel("s into the append run")
     load.set_title("The machine meanwhile")
@@ -433,8 +552,13 @@ def main(argv: list[str] | None = None) -> int:
     service_arguments(parser)
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else DEFAULT
-    plan = Plan(opens=args.opens or plan.opens, pages=args.pages or plan.pages, rate=args.rate or plan.rate,
-                seconds=args.seconds or plan.seconds, warmup=plan.warmup)
+    plan = Plan(
+        opens=args.opens or plan.opens,
+        pages=args.pages or plan.pages,
+        rate=args.rate or plan.rate,
+        seconds=args.seconds or plan.seconds,
+        warmup=plan.warmup,
+    )
     if not os.path.exists(CHROMIUM):
         raise SystemExit(f"bench/ui: no Chromium at {CHROMIUM} (apt-get install chromium)")
     began = time.monotonic()
@@ -448,15 +572,22 @@ def main(argv: list[str] | None = None) -> int:
         call_command("migrate", verbosity=0)
         machine = machine_info()
         if machine["load_average_at_start"][0] > 0.5:
-            say(f"note: load average {machine['load_average_at_start'][0]} before starting; other work on this "
-                "machine will make the figures noisy")
+            say(
+                f"note: load average {machine['load_average_at_start'][0]} before starting; other work on this "
+                "machine will make the figures noisy"
+            )
         operator()
         say(f"inserting a {LONG_SESSION:,}-event session")
         long_id = long_session(LONG_SESSION)
         live_id = new_session()
         connections.close_all()
-        env = dict(os.environ, DATABASE_URL=database_url, REDIS_URL=redis_url,
-                   DJANGO_SETTINGS_MODULE="workbench.settings", PYTHONPATH=str(ROOT))
+        env = dict(
+            os.environ,
+            DATABASE_URL=database_url,
+            REDIS_URL=redis_url,
+            DJANGO_SETTINGS_MODULE="workbench.settings",
+            PYTHONPATH=str(ROOT),
+        )
         with daphne(env, ROOT / ".bench-ui-daphne.log") as base, sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             state = log_in(browser, base)
@@ -486,22 +617,37 @@ def main(argv: list[str] | None = None) -> int:
     first_byte = summary([o.first_byte_ms for o in opens])
     appended = summary(latencies)
     rows = [
-        {"measure": f"open a {LONG_SESSION:,}-event session → tail visible", **tail,
-         "target": f"≤ {TAIL_TARGET_MS:.0f} ms", "met": tail["p95_ms"] <= TAIL_TARGET_MS},
+        {
+            "measure": f"open a {LONG_SESSION:,}-event session → tail visible",
+            **tail,
+            "target": f"≤ {TAIL_TARGET_MS:.0f} ms",
+            "met": tail["p95_ms"] <= TAIL_TARGET_MS,
+        },
         {"measure": "  of which: the page's first byte", **first_byte, "target": "", "met": True},
-        {"measure": f"append → visible in {plan.pages} pages", **appended,
-         "target": f"p95 ≤ {APPEND_P95_TARGET_MS:.0f} ms", "met": appended["p95_ms"] <= APPEND_P95_TARGET_MS},
+        {
+            "measure": f"append → visible in {plan.pages} pages",
+            **appended,
+            "target": f"p95 ≤ {APPEND_P95_TARGET_MS:.0f} ms",
+            "met": appended["p95_ms"] <= APPEND_P95_TARGET_MS,
+        },
     ]
     report = table(rows)
     say("")
     say(report)
-    say(f"never shown: {missing} of {len(latencies) + missing} (page, event); slowest page's p95: "
-        f"{max(page_p95):.0f} ms; slices the pages fetched during the run: {len(fetches)}")
+    say(
+        f"never shown: {missing} of {len(latencies) + missing} (page, event); slowest page's p95: "
+        f"{max(page_p95):.0f} ms; slices the pages fetched during the run: {len(fetches)}"
+    )
     if machine_load:
         busy = sorted(row["busy"] for row in machine_load)
-        say(f"CPU busy over the run: median {busy[len(busy) // 2]:.0%}, highest {busy[-1]:.0%}; cores used on "
-            "average: " + ", ".join(f"{kind} {sum(r['cores'].get(kind, 0) for r in machine_load) / len(machine_load):.2f}"
-                                    for kind in sorted(machine_load[-1]["cores"])))
+        say(
+            f"CPU busy over the run: median {busy[len(busy) // 2]:.0%}, highest {busy[-1]:.0%}; cores used on "
+            "average: "
+            + ", ".join(
+                f"{kind} {sum(r['cores'].get(kind, 0) for r in machine_load) / len(machine_load):.2f}"
+                for kind in sorted(machine_load[-1]["cores"])
+            )
+        )
     met = sum(1 for row in rows if row["target"] and row["met"])
     say(f"targets met: {met} of 2" + ("" if met == 2 else " (a benchmark reports; exit status stays 0)"))
 
@@ -524,8 +670,16 @@ def main(argv: list[str] | None = None) -> int:
         "table": report,
     }
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-    plot(RESULTS / f"{stem}.png", opens, latencies, timeline, plan,
-         f"bench/ui on {machine['nproc']} CPUs, Chromium, one Daphne, {machine['date']}", machine_load, fetches)
+    plot(
+        RESULTS / f"{stem}.png",
+        opens,
+        latencies,
+        timeline,
+        plan,
+        f"bench/ui on {machine['nproc']} CPUs, Chromium, one Daphne, {machine['date']}",
+        machine_load,
+        fetches,
+    )
     say(f"wrote {RESULTS.relative_to(ROOT)}/{stem}.json and {stem}.png ({result['seconds']:.0f} s)")
     return 0
 

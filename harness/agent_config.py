@@ -13,8 +13,18 @@ TOOLSET_TYPE = "agent_toolset_20260401"
 TOOLSET_TOOLS = ("bash", "edit", "read", "write", "glob", "grep", "web_fetch", "web_search")
 PERMISSION_POLICIES = ("always_allow", "always_ask", "auto")
 CONFIG_FIELDS = (
-    "name", "description", "system", "model", "tools", "mcp_servers", "skills", "multiagent",
-    "execution_identity", "metadata", "harness", "context",
+    "name",
+    "description",
+    "system",
+    "model",
+    "tools",
+    "mcp_servers",
+    "skills",
+    "multiagent",
+    "execution_identity",
+    "metadata",
+    "harness",
+    "context",
 )
 DEFAULT_HARNESS = "claude"
 DEFAULT_CONTEXT: dict[str, Any] = {"type": "full"}
@@ -24,7 +34,9 @@ _CUSTOM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 def _policy(value: Any, where: str) -> dict[str, str]:
     expect(value, dict, where)
     if value.get("type") not in PERMISSION_POLICIES:
-        raise InvalidRequest(f"{where}.type must be one of {', '.join(PERMISSION_POLICIES)}, not {value.get('type')!r}.")
+        raise InvalidRequest(
+            f"{where}.type must be one of {', '.join(PERMISSION_POLICIES)}, not {value.get('type')!r}."
+        )
     return {"type": value["type"]}
 
 
@@ -32,8 +44,11 @@ def _tool_config(value: Any, where: str, default_policy: str) -> dict[str, Any]:
     expect(value, dict, where)
     enabled = value.get("enabled", True)
     expect(enabled, bool, f"{where}.enabled")
-    policy = _policy(value["permission_policy"], f"{where}.permission_policy") if "permission_policy" in value else {
-        "type": default_policy}
+    policy = (
+        _policy(value["permission_policy"], f"{where}.permission_policy")
+        if "permission_policy" in value
+        else {"type": default_policy}
+    )
     return {"enabled": enabled, "permission_policy": policy}
 
 
@@ -46,25 +61,36 @@ def _toolset(tool: dict[str, Any], where: str) -> dict[str, Any]:
         expect(config, dict, cwhere)
         name = config.get("name")
         if name not in TOOLSET_TOOLS and name not in HAND_TOOL_POLICIES:
-            raise InvalidRequest(f"{cwhere}.name must be one of {', '.join([*TOOLSET_TOOLS, *HAND_TOOL_POLICIES])}, "
-                                 f"not {name!r}.")
+            raise InvalidRequest(
+                f"{cwhere}.name must be one of {', '.join([*TOOLSET_TOOLS, *HAND_TOOL_POLICIES])}, "
+                f"not {name!r}."
+            )
         given[name] = config
     configs = []
     for name in TOOLSET_TOOLS:
         config = given.get(name, {})
         resolved = _tool_config(
-            {"enabled": config.get("enabled", default["enabled"]),
-             "permission_policy": config.get("permission_policy", default["permission_policy"])},
-            f"{where}.configs[{name}]", default["permission_policy"]["type"])
-        extras = {k: v for k, v in config.items() if k not in ("name", "type", "enabled", "permission_policy")}
+            {
+                "enabled": config.get("enabled", default["enabled"]),
+                "permission_policy": config.get("permission_policy", default["permission_policy"]),
+            },
+            f"{where}.configs[{name}]",
+            default["permission_policy"]["type"],
+        )
+        extras = {
+            k: v for k, v in config.items() if k not in ("name", "type", "enabled", "permission_policy")
+        }
         configs.append({"name": name, "type": name, **resolved, **extras})
     # Workbench's tools for the model's sandboxes are listed only when configured; each has its own default
     # policy (passing a sandbox asks), not the toolset's.
     for name, policy in HAND_TOOL_POLICIES.items():
         if name in given:
-            no_unknown_fields(given[name], ("name", "type", "enabled", "permission_policy"), f"{where}.configs[{name}]")
-            configs.append({"name": name, "type": name,
-                            **_tool_config(given[name], f"{where}.configs[{name}]", policy)})
+            no_unknown_fields(
+                given[name], ("name", "type", "enabled", "permission_policy"), f"{where}.configs[{name}]"
+            )
+            configs.append(
+                {"name": name, "type": name, **_tool_config(given[name], f"{where}.configs[{name}]", policy)}
+            )
     return {"type": TOOLSET_TYPE, "default_config": default, "configs": configs}
 
 
@@ -72,14 +98,17 @@ def _mcp_toolset(tool: dict[str, Any], where: str, servers: set[str]) -> dict[st
     no_unknown_fields(tool, ("type", "mcp_server_name", "default_config", "configs"), where)
     server = text(tool, "mcp_server_name", where, required=True, min_length=1)
     if server not in servers:
-        raise InvalidRequest(f"{where}.mcp_server_name {server!r} does not name any of the agent's mcp_servers.")
+        raise InvalidRequest(
+            f"{where}.mcp_server_name {server!r} does not name any of the agent's mcp_servers."
+        )
     default = _tool_config(tool.get("default_config", {}), f"{where}.default_config", "always_ask")
     configs = []
     for i, config in enumerate(expect(tool.get("configs", []), list, f"{where}.configs")):
         cwhere = f"{where}.configs[{i}]"
         name = text(expect(config, dict, cwhere), "name", cwhere, required=True, min_length=1)
-        resolved = _tool_config({k: v for k, v in config.items() if k != "name"}, cwhere,
-                                default["permission_policy"]["type"])
+        resolved = _tool_config(
+            {k: v for k, v in config.items() if k != "name"}, cwhere, default["permission_policy"]["type"]
+        )
         if "enabled" not in config:
             resolved["enabled"] = default["enabled"]
         configs.append({"name": name, **resolved})
@@ -90,7 +119,9 @@ def _custom(tool: dict[str, Any], where: str) -> dict[str, Any]:
     no_unknown_fields(tool, ("type", "name", "description", "input_schema"), where)
     name = text(tool, "name", where, required=True)
     if not _CUSTOM_NAME.match(name):
-        raise InvalidRequest(f"{where}.name must be 1-128 characters of letters, digits, '_' or '-', not {name!r}.")
+        raise InvalidRequest(
+            f"{where}.name must be 1-128 characters of letters, digits, '_' or '-', not {name!r}."
+        )
     description = text(tool, "description", where, required=True)
     schema = expect(tool.get("input_schema"), dict, f"{where}.input_schema")
     if schema.get("type") != "object":
@@ -124,7 +155,8 @@ def _tools(value: Any, servers: set[str]) -> list[dict[str, Any]]:
     unreferenced = servers - referenced
     if unreferenced:
         raise InvalidRequest(
-            f"mcp_servers {', '.join(sorted(unreferenced))} must each be used by an mcp_toolset in 'tools'.")
+            f"mcp_servers {', '.join(sorted(unreferenced))} must each be used by an mcp_toolset in 'tools'."
+        )
     return tools
 
 
@@ -156,8 +188,12 @@ def _model(value: Any) -> dict[str, Any]:
     effort = value.get("effort")
     if isinstance(effort, str):
         effort = {"type": effort}
-    return {"id": model_id, "effort": effort, "inference_geo": value.get("inference_geo"),
-            "speed": value.get("speed", "standard")}
+    return {
+        "id": model_id,
+        "effort": effort,
+        "inference_geo": value.get("inference_geo"),
+        "speed": value.get("speed", "standard"),
+    }
 
 
 def _skills(value: Any) -> list[dict[str, Any]]:
@@ -168,7 +204,9 @@ def _skills(value: Any) -> list[dict[str, Any]]:
         if skill.get("type") not in ("anthropic", "custom"):
             raise InvalidRequest(f"{where}.type must be 'anthropic' or 'custom'.")
         skill_id = text(skill, "skill_id", where, required=True, min_length=1)
-        skills.append({"type": skill["type"], "skill_id": skill_id, "version": str(skill.get("version") or "latest")})
+        skills.append(
+            {"type": skill["type"], "skill_id": skill_id, "version": str(skill.get("version") or "latest")}
+        )
     return skills
 
 
@@ -220,11 +258,12 @@ def normalise_agent_config(body: dict[str, Any], *, current: dict[str, Any] | No
         from workbench.api.validation import patch_metadata
 
         patch = metadata(body["metadata"], patch=not creating)
-        config["metadata"] = patch_metadata(config.get("metadata", {}), patch) if not creating else dict(patch)
+        config["metadata"] = (
+            patch_metadata(config.get("metadata", {}), patch) if not creating else dict(patch)
+        )
     config.setdefault("metadata", {})
     if "harness" in body or creating:
         config["harness"] = _harness(body.get("harness", DEFAULT_HARNESS))
     if "context" in body or creating:
         config["context"] = _context(body.get("context", DEFAULT_CONTEXT))
     return config
-

@@ -12,8 +12,21 @@ from harness.models import Agent, AgentVersion
 from workbench.api.errors import Conflict, InvalidRequest, NotFound
 from workbench.api.validation import no_unknown_fields
 
-_UPDATABLE = ("description", "execution_identity", "mcp_servers", "metadata", "model", "multiagent", "name",
-              "skills", "system", "tools", "version", "harness", "context")
+_UPDATABLE = (
+    "description",
+    "execution_identity",
+    "mcp_servers",
+    "metadata",
+    "model",
+    "multiagent",
+    "name",
+    "skills",
+    "system",
+    "tools",
+    "version",
+    "harness",
+    "context",
+)
 
 
 def agent_json(version: AgentVersion) -> dict[str, Any]:
@@ -64,7 +77,9 @@ def agent_update(agent_id: str, body: dict[str, Any]) -> AgentVersion:
         raise InvalidRequest(f"Agent {agent_id} is archived and cannot be changed.")
     expected = body.get("version")
     if expected is not None and expected != agent.version:
-        raise Conflict(f"Agent {agent_id} is at version {agent.version}, not {expected}; re-read it and retry.")
+        raise Conflict(
+            f"Agent {agent_id} is at version {agent.version}, not {expected}; re-read it and retry."
+        )
     current = AgentVersion.objects.get(agent=agent, version=agent.version)
     config = normalise_agent_config({k: v for k, v in body.items() if k != "version"}, current=current.config)
     if config == current.config:

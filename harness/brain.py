@@ -53,8 +53,9 @@ class _KnownLogs:
             return self._logs.pop(session_id, None)
 
     @staticmethod
-    def extend(known: tuple[list[Event], SessionState] | None, new: list[Event]
-               ) -> tuple[list[Event], SessionState]:
+    def extend(
+        known: tuple[list[Event], SessionState] | None, new: list[Event]
+    ) -> tuple[list[Event], SessionState]:
         """A known log (or none) continued by the events that follow it."""
         if known is None:
             return new, fold(new)
@@ -249,8 +250,12 @@ def run_brain(session_id: str, *, by: str = "event") -> str:
     for _ in range(5):
         # The lease brings what the log holds beyond the prefix this process knows (one round trip).
         known = known_logs.pop(session_id)
-        lease = lease_acquire(session_id, owner=worker_name(), seconds=settings.LEASE_SECONDS,
-                              read_after=-1 if known is None else known[1].last_seq)
+        lease = lease_acquire(
+            session_id,
+            owner=worker_name(),
+            seconds=settings.LEASE_SECONDS,
+            read_after=-1 if known is None else known[1].last_seq,
+        )
         if lease is None:
             if known is not None:
                 known_logs.keep(session_id, *known)
@@ -264,8 +269,14 @@ def run_brain(session_id: str, *, by: str = "event") -> str:
                 # Folding the log is part of the wake: a log that cannot be folded is a crash like any other.
                 brain = Brain(lease, known_logs.extend(known, lease.events))
                 if lease.attempts > 1:
-                    brain.emit({"type": "brain.recovered", "woken_by": by, "epoch": lease.epoch,
-                                "unfinished_wakes": lease.attempts - 1})
+                    brain.emit(
+                        {
+                            "type": "brain.recovered",
+                            "woken_by": by,
+                            "epoch": lease.epoch,
+                            "unfinished_wakes": lease.attempts - 1,
+                        }
+                    )
                 harness = harness_for(brain)
                 while (step := harness.next_step(brain.state, brain)) is not None:
                     # A Cancelled step leaves the interrupt in the log; the harness handles it next.
@@ -309,16 +320,23 @@ def park(lease: Lease, known: tuple[list[Event], SessionState] | None) -> Brain 
     closing the request or calls it may hold open, and there is then no brain to go on with (None).
     """
     limit = settings.WAKE_CRASH_LIMIT
-    error = {"type": "session.error", "error": {
-        "type": "unknown_error", "retry_status": {"type": "terminal"},
-        "message": f"The brain working this session stopped unexpectedly {limit} times in a row; the session is "
-                   "parked. Send a new message to try again."}}
+    error = {
+        "type": "session.error",
+        "error": {
+            "type": "unknown_error",
+            "retry_status": {"type": "terminal"},
+            "message": f"The brain working this session stopped unexpectedly {limit} times in a row; the session is "
+            "parked. Send a new message to try again.",
+        },
+    }
     parked = {"type": "brain.parked", "attempts": lease.attempts - 1}
     idle = {"type": "session.status_idle", "stop_reason": {"type": "retries_exhausted"}}
     try:
         brain = Brain(lease, known_logs.extend(known, lease.events))
     except Exception:  # noqa: BLE001 - the fold's failure is what parking is for
-        logger.exception("the log of session %s cannot be folded; it is parked as it stands", lease.session_id)
+        logger.exception(
+            "the log of session %s cannot be folded; it is parked as it stands", lease.session_id
+        )
         try:
             emit_events(lease.session_id, [(error, None), (parked, None), (idle, None)], epoch=lease.epoch)
         except StaleEpoch as stale:
@@ -326,13 +344,33 @@ def park(lease: Lease, known: tuple[list[Event], SessionState] | None) -> Brain 
         return None
     if brain.state.open_request is not None:
         start = brain.state.open_request
-        brain.emit({"type": "span.model_request_end", "model_request_start_id": start.uid, "is_error": True,
-                    "model_usage": {}, "error": "the worker stopped during this request"}, key=f"{start.uid}:end")
+        brain.emit(
+            {
+                "type": "span.model_request_end",
+                "model_request_start_id": start.uid,
+                "is_error": True,
+                "model_usage": {},
+                "error": "the worker stopped during this request",
+            },
+            key=f"{start.uid}:end",
+        )
     for call in brain.state.unanswered:
         if not call.custom:
-            brain.emit({"type": "agent.tool_result", "tool_use_id": call.id, "is_error": True, "content": [{
-                "type": "text", "text": "The session was parked after repeated worker crashes; this call's effect "
-                                        "is unverified."}]}, key=f"{call.id}:result")
+            brain.emit(
+                {
+                    "type": "agent.tool_result",
+                    "tool_use_id": call.id,
+                    "is_error": True,
+                    "content": [
+                        {
+                            "type": "text",
+                            "text": "The session was parked after repeated worker crashes; this call's effect "
+                            "is unverified.",
+                        }
+                    ],
+                },
+                key=f"{call.id}:result",
+            )
     brain.emit(error)
     brain.emit(parked)
     brain.emit({**idle, "through_seq": brain.state.last_seq})

@@ -40,10 +40,16 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
 
 
 def _result_block(event: Any, key: str) -> dict[str, Any]:
-    content = [b for b in _blocks(event.payload.get("content")) if b.get("type") in ("text", "image", "document",
-                                                                                     "search_result")]
-    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": event.payload[key],
-                             "content": content or [{"type": "text", "text": "(no output)"}]}
+    content = [
+        b
+        for b in _blocks(event.payload.get("content"))
+        if b.get("type") in ("text", "image", "document", "search_result")
+    ]
+    block: dict[str, Any] = {
+        "type": "tool_result",
+        "tool_use_id": event.payload[key],
+        "content": content or [{"type": "text", "text": "(no output)"}],
+    }
     if event.payload.get("is_error"):
         block["is_error"] = True
     return block
@@ -71,15 +77,29 @@ def messages_from_events(events: Iterable[Any], *, prefix: str | None = None) ->
         if kind == "user.message":
             add("user", _blocks(payload.get("content")))
         elif kind == "system.message":
-            add("user", [{"type": "text", "text": "[system] " + b.get("text", "")}
-                         for b in _blocks(payload.get("content"))])
+            add(
+                "user",
+                [
+                    {"type": "text", "text": "[system] " + b.get("text", "")}
+                    for b in _blocks(payload.get("content"))
+                ],
+            )
         elif kind == "user.define_outcome":
             add("user", [{"type": "text", "text": f"Outcome to reach: {payload.get('description', '')}"}])
         elif kind == "agent.message":
             add("assistant", _blocks(payload.get("content")))
         elif kind in ("agent.tool_use", "agent.custom_tool_use"):
-            add("assistant", [{"type": "tool_use", "id": event.uid, "name": payload["name"],
-                               "input": payload.get("input", {})}])
+            add(
+                "assistant",
+                [
+                    {
+                        "type": "tool_use",
+                        "id": event.uid,
+                        "name": payload["name"],
+                        "input": payload.get("input", {}),
+                    }
+                ],
+            )
         elif kind in ("agent.tool_result", "user.tool_result"):
             add("user", [_result_block(event, "tool_use_id")])
         elif kind == "user.custom_tool_result":
@@ -89,14 +109,24 @@ def messages_from_events(events: Iterable[Any], *, prefix: str | None = None) ->
 
 def _well_formed(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Drop what a window cut in half: results whose call fell outside it, and calls left unanswered."""
-    called = {b["id"] for m in messages if m["role"] == "assistant" for b in m["content"] if b["type"] == "tool_use"}
-    answered = {b["tool_use_id"] for m in messages if m["role"] == "user" for b in m["content"]
-                if b["type"] == "tool_result"}
+    called = {
+        b["id"] for m in messages if m["role"] == "assistant" for b in m["content"] if b["type"] == "tool_use"
+    }
+    answered = {
+        b["tool_use_id"]
+        for m in messages
+        if m["role"] == "user"
+        for b in m["content"]
+        if b["type"] == "tool_result"
+    }
     cleaned = []
     for message in messages:
-        blocks = [b for b in message["content"]
-                  if not (b["type"] == "tool_result" and b["tool_use_id"] not in called)
-                  and not (b["type"] == "tool_use" and b["id"] not in answered and message is not messages[-1])]
+        blocks = [
+            b
+            for b in message["content"]
+            if not (b["type"] == "tool_result" and b["tool_use_id"] not in called)
+            and not (b["type"] == "tool_use" and b["id"] not in answered and message is not messages[-1])
+        ]
         if blocks:
             if cleaned and cleaned[-1]["role"] == message["role"]:
                 cleaned[-1]["content"].extend(blocks)
@@ -107,19 +137,24 @@ def _well_formed(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return cleaned
 
 
-def context_events(session_id: str, strategy: dict[str, Any], events: list[Any]) -> tuple[list[Any], str | None]:
+def context_events(
+    session_id: str, strategy: dict[str, Any], events: list[Any]
+) -> tuple[list[Any], str | None]:
     """The slice of the log a strategy shows the model, and any summary prefix. The log is not changed."""
     if strategy["type"] == "window":
         from sessions.selectors import get_events
 
         return get_events(session_id, -strategy["last_events"]), None
     if strategy["type"] == "compaction":
-        compacted = [e for e in events if e.type == "agent.thread_context_compacted" and e.payload.get("summary")]
+        compacted = [
+            e for e in events if e.type == "agent.thread_context_compacted" and e.payload.get("summary")
+        ]
         if compacted:
             last = compacted[-1]
             through = last.payload["through_seq"]
-            return [e for e in events if e.seq > through], "Summary of the conversation so far:\n" + last.payload[
-                "summary"]
+            return [
+                e for e in events if e.seq > through
+            ], "Summary of the conversation so far:\n" + last.payload["summary"]
     return events, None
 
 
@@ -133,6 +168,6 @@ def needs_compaction(strategy: dict[str, Any], events: list[Any]) -> int | None:
     if len(tail) <= strategy["trigger_events"]:
         return None
     # Cut just before a user message so no tool call is split from its result.
-    kept = tail[len(tail) - strategy["keep_events"]:]
+    kept = tail[len(tail) - strategy["keep_events"] :]
     first_user = next((e for e in kept if e.type == "user.message"), None)
     return None if first_user is None else first_user.seq - 1

@@ -9,10 +9,17 @@ from typing import Any
 from sessions.models import Event
 
 INPUT_TYPES = frozenset({"user.message", "system.message", "user.define_outcome"})
-RESULT_TYPES = {"agent.tool_result": "tool_use_id", "user.tool_result": "tool_use_id",
-                "user.custom_tool_result": "custom_tool_use_id"}
-STATUS_TYPES = {"session.status_running": "running", "session.status_idle": "idle",
-                "session.status_rescheduled": "rescheduling", "session.status_terminated": "terminated"}
+RESULT_TYPES = {
+    "agent.tool_result": "tool_use_id",
+    "user.tool_result": "tool_use_id",
+    "user.custom_tool_result": "custom_tool_use_id",
+}
+STATUS_TYPES = {
+    "session.status_running": "running",
+    "session.status_idle": "idle",
+    "session.status_rescheduled": "rescheduling",
+    "session.status_terminated": "terminated",
+}
 
 
 @dataclass

@@ -50,9 +50,11 @@ def _take_and_read(columns: list[str]) -> str:
     from sessions.models import Event
 
     selected = ", ".join(f"ev.{name}" for name in columns)
-    return (f"WITH lease AS ({_take('id, ')}) SELECT lease.lease_epoch, lease.wake_attempts, lease.agent_snapshot, "
-            f"lease.environment, {selected} FROM lease LEFT JOIN {Event._meta.db_table} ev "
-            "ON ev.session_id = lease.id AND ev.seq > %s ORDER BY ev.seq")
+    return (
+        f"WITH lease AS ({_take('id, ')}) SELECT lease.lease_epoch, lease.wake_attempts, lease.agent_snapshot, "
+        f"lease.environment, {selected} FROM lease LEFT JOIN {Event._meta.db_table} ev "
+        "ON ev.session_id = lease.id AND ev.seq > %s ORDER BY ev.seq"
+    )
 
 
 def _event_columns() -> list[str]:
@@ -61,7 +63,9 @@ def _event_columns() -> list[str]:
     return [column.attname for column in Event._meta.concrete_fields]
 
 
-def lease_acquire(session_id: str, *, owner: str, seconds: float, read_after: int | None = None) -> Lease | None:
+def lease_acquire(
+    session_id: str, *, owner: str, seconds: float, read_after: int | None = None
+) -> Lease | None:
     """The lease, if the session is free (or its lease lapsed) and can still work: not deleted, archived
     or terminated. With `read_after`, it brings the log's events after that seq (`Lease.events`)."""
     from sessions.selectors import events_after
@@ -83,8 +87,15 @@ def lease_acquire(session_id: str, *, owner: str, seconds: float, read_after: in
                 return None
             events = [] if read_after is None else events_after(session_id, read_after, limit=None)
     epoch, attempts, agent, environment = rows[0][:4]
-    return Lease(session_id, epoch, owner, attempts, agent=_json(agent), environment=_json(environment) or {},
-                 events=events)
+    return Lease(
+        session_id,
+        epoch,
+        owner,
+        attempts,
+        agent=_json(agent),
+        environment=_json(environment) or {},
+        events=events,
+    )
 
 
 def _events(columns: list[str], rows: list[tuple[Any, ...]]) -> list[Event]:
@@ -93,8 +104,10 @@ def _events(columns: list[str], rows: list[tuple[Any, ...]]) -> list[Event]:
     from sessions.models import Event
 
     payload = columns.index("payload")
-    return [Event.from_db(DEFAULT_DB_ALIAS, columns, (*row[:payload], _json(row[payload]), *row[payload + 1:]))
-            for row in rows]
+    return [
+        Event.from_db(DEFAULT_DB_ALIAS, columns, (*row[:payload], _json(row[payload]), *row[payload + 1 :]))
+        for row in rows
+    ]
 
 
 def _json(value: Any) -> Any:

@@ -14,7 +14,9 @@ from anthropic.types import Message, RawMessageStreamEvent
 from django.conf import settings
 
 USAGE_KEYS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-RETRYABLE_KINDS = frozenset({"model_overloaded_error", "model_rate_limited_error", "model_request_failed_error"})
+RETRYABLE_KINDS = frozenset(
+    {"model_overloaded_error", "model_rate_limited_error", "model_request_failed_error"}
+)
 
 
 class ModelError(Exception):
@@ -65,8 +67,12 @@ def _classify(error: Exception) -> ModelError:
             return ModelError("model_overloaded_error", f"The model is overloaded: {error.message}")
         if error.status_code >= 500:
             return ModelError("model_request_failed_error", f"The model request failed: {error.message}")
-        return ModelError("unknown_error", f"The model refused the request ({error.status_code}): {error.message}")
-    return ModelError("model_request_failed_error", f"The model request broke off: {type(error).__name__}: {error}")
+        return ModelError(
+            "unknown_error", f"The model refused the request ({error.status_code}): {error.message}"
+        )
+    return ModelError(
+        "model_request_failed_error", f"The model request broke off: {type(error).__name__}: {error}"
+    )
 
 
 def stream_response(
@@ -109,8 +115,13 @@ def _create_stream(request: dict[str, Any]) -> anthropic.Stream[RawMessageStream
     response is the same typed stream, with the same errors and headers as `messages.create` gives.
     """
     body = json.dumps({**request, "stream": True}, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return client().post("/v1/messages", content=body.encode(), cast_to=Message, stream=True,
-                         stream_cls=anthropic.Stream[RawMessageStreamEvent])
+    return client().post(
+        "/v1/messages",
+        content=body.encode(),
+        cast_to=Message,
+        stream=True,
+        stream_cls=anthropic.Stream[RawMessageStreamEvent],
+    )
 
 
 def _fold_stream(stream: Any, on_text: Callable[[int, str], None]) -> Response:
@@ -137,8 +148,11 @@ def _fold_stream(stream: Any, on_text: Callable[[int, str], None]) -> Response:
             if block.type == "text":
                 blocks[event.index] = {"type": "text", "text": block.text}
             elif block.type == "thinking":
-                blocks[event.index] = {"type": "thinking", "thinking": block.thinking,
-                                       "signature": block.signature or ""}
+                blocks[event.index] = {
+                    "type": "thinking",
+                    "thinking": block.thinking,
+                    "signature": block.signature or "",
+                }
             elif block.type == "tool_use":
                 blocks[event.index] = {"type": "tool_use", "name": block.name, "input": block.input or {}}
                 json_parts[event.index] = []
@@ -156,8 +170,10 @@ def _fold_stream(stream: Any, on_text: Callable[[int, str], None]) -> Response:
             try:
                 blocks[index]["input"] = json.loads("".join(parts))
             except ValueError:
-                raise ModelError("model_request_failed_error",
-                                 "The model's stream carried a tool input that is not valid JSON.") from None
+                raise ModelError(
+                    "model_request_failed_error",
+                    "The model's stream carried a tool input that is not valid JSON.",
+                ) from None
     response.blocks = [blocks[i] for i in sorted(blocks) if blocks[i]["type"] != "other"]
     response.usage = {key: usage.get(key, 0) for key in USAGE_KEYS}
     return response

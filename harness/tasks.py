@@ -17,8 +17,13 @@ from django.utils import timezone
 logger = logging.getLogger(__name__)
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True,
-             time_limit=settings.CELERY_TASK_TIME_LIMIT, soft_time_limit=settings.CELERY_TASK_SOFT_TIME_LIMIT)
+@shared_task(
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    time_limit=settings.CELERY_TASK_TIME_LIMIT,
+    soft_time_limit=settings.CELERY_TASK_SOFT_TIME_LIMIT,
+)
 def wake(session_id: str, by: str = "event") -> str:
     """Continue a session from its log. Safe to run twice or at once: the lease admits one brain, and only
     to a session that can still work (not deleted, archived or terminated)."""
@@ -26,9 +31,12 @@ def wake(session_id: str, by: str = "event") -> str:
     from sessions.models import Session
 
     outcome = run_brain(session_id, by=by)
-    if outcome == "busy" and not Session.objects.filter(
-            id=session_id, deleted_at__isnull=True, archived_at__isnull=True).exclude(
-            status=Session.Status.TERMINATED).exists():
+    if (
+        outcome == "busy"
+        and not Session.objects.filter(id=session_id, deleted_at__isnull=True, archived_at__isnull=True)
+        .exclude(status=Session.Status.TERMINATED)
+        .exists()
+    ):
         outcome = "gone"
     logger.info("wake(%s): %s", session_id, outcome)
     return outcome
@@ -40,8 +48,13 @@ def _wake_connections() -> Any:
     them. One pool per process, not a connection per thread: under ASGI each request has a thread of its own,
     and a new connection per request cost ~2.4 ms of its answer."""
     timeout = settings.WAKE_PUBLISH_TIMEOUT_SECONDS
-    connection = current_app.connection_for_write(transport_options={
-        **current_app.conf.broker_transport_options, "socket_timeout": timeout, "socket_connect_timeout": timeout})
+    connection = current_app.connection_for_write(
+        transport_options={
+            **current_app.conf.broker_transport_options,
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+        }
+    )
     return connection.Pool(limit=settings.WAKE_PUBLISH_CONNECTIONS)
 
 
@@ -56,10 +69,13 @@ def queue_wake(session_id: str, *, by: str = "event") -> bool:
     give_up = time.monotonic() + settings.WAKE_PUBLISH_TIMEOUT_SECONDS
     while True:
         try:
-            with _wake_connections().acquire(block=True, timeout=settings.WAKE_PUBLISH_TIMEOUT_SECONDS) as broker:
+            with _wake_connections().acquire(
+                block=True, timeout=settings.WAKE_PUBLISH_TIMEOUT_SECONDS
+            ) as broker:
                 try:
-                    wake.apply_async((session_id,), {} if by == "event" else {"by": by}, connection=broker,
-                                     retry=False)
+                    wake.apply_async(
+                        (session_id,), {} if by == "event" else {"by": by}, connection=broker, retry=False
+                    )
                 except Exception:
                     broker.close()  # back in the pool closed: its next user connects afresh
                     raise
@@ -67,8 +83,12 @@ def queue_wake(session_id: str, *, by: str = "event") -> bool:
         except Exception as error:  # noqa: BLE001 - every broker failure means the same here
             if time.monotonic() < give_up and not _timed_out(error):
                 continue
-            logger.warning("wake(%s) was not queued (%s: %s); the sweeper will wake the session", session_id,
-                           type(error).__name__, error)
+            logger.warning(
+                "wake(%s) was not queued (%s: %s); the sweeper will wake the session",
+                session_id,
+                type(error).__name__,
+                error,
+            )
             return False
 
 
@@ -92,11 +112,17 @@ def sweep() -> int:
 
     now = timezone.now()
     lapsed = Q(lease_expires_at__lt=now) | Q(
-        lease_expires_at__isnull=True, updated_at__lt=now - timedelta(seconds=2 * settings.LEASE_SECONDS))
+        lease_expires_at__isnull=True, updated_at__lt=now - timedelta(seconds=2 * settings.LEASE_SECONDS)
+    )
     unqueued = Q(wake_queued_at__isnull=True) | Q(
-        wake_queued_at__lt=now - timedelta(seconds=settings.WAKE_REQUEUE_SECONDS))
+        wake_queued_at__lt=now - timedelta(seconds=settings.WAKE_REQUEUE_SECONDS)
+    )
     candidates = Session.objects.filter(
-        lapsed, unqueued, deleted_at__isnull=True, archived_at__isnull=True, status=Session.Status.RUNNING,
+        lapsed,
+        unqueued,
+        deleted_at__isnull=True,
+        archived_at__isnull=True,
+        status=Session.Status.RUNNING,
     ).values_list("id", flat=True)[:500]
     woken = 0
     for session_id in candidates:

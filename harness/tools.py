@@ -6,52 +6,109 @@ from dataclasses import dataclass
 from typing import Any
 
 TOOLSET_SCHEMAS: dict[str, dict[str, Any]] = {
-    "bash": {"description": "Run a command in a persistent bash shell in the sandbox.",
-             "input_schema": {"type": "object", "properties": {
-                 "command": {"type": "string"}, "restart": {"type": "boolean"}, "timeout_ms": {"type": "integer"}}}},
-    "read": {"description": "Read a file, with line numbers; view_range [start, end] picks lines.",
-             "input_schema": {"type": "object", "required": ["file_path"], "properties": {
-                 "file_path": {"type": "string"}, "view_range": {"type": "array", "items": {"type": "integer"}}}}},
-    "write": {"description": "Write a file, replacing its contents.",
-              "input_schema": {"type": "object", "required": ["file_path", "content"], "properties": {
-                  "file_path": {"type": "string"}, "content": {"type": "string"}}}},
-    "edit": {"description": "Replace old_string by new_string in a file (all occurrences with replace_all).",
-             "input_schema": {"type": "object", "required": ["file_path", "old_string", "new_string"], "properties": {
-                 "file_path": {"type": "string"}, "old_string": {"type": "string"}, "new_string": {"type": "string"},
-                 "replace_all": {"type": "boolean"}}}},
-    "glob": {"description": "List files matching a glob pattern.",
-             "input_schema": {"type": "object", "required": ["pattern"], "properties": {
-                 "pattern": {"type": "string"}, "path": {"type": "string"}}}},
-    "grep": {"description": "Search file contents for a regular expression.",
-             "input_schema": {"type": "object", "required": ["pattern"], "properties": {
-                 "pattern": {"type": "string"}, "path": {"type": "string"}}}},
+    "bash": {
+        "description": "Run a command in a persistent bash shell in the sandbox.",
+        "input_schema": {
+            "type": "object",
+            "properties": {
+                "command": {"type": "string"},
+                "restart": {"type": "boolean"},
+                "timeout_ms": {"type": "integer"},
+            },
+        },
+    },
+    "read": {
+        "description": "Read a file, with line numbers; view_range [start, end] picks lines.",
+        "input_schema": {
+            "type": "object",
+            "required": ["file_path"],
+            "properties": {
+                "file_path": {"type": "string"},
+                "view_range": {"type": "array", "items": {"type": "integer"}},
+            },
+        },
+    },
+    "write": {
+        "description": "Write a file, replacing its contents.",
+        "input_schema": {
+            "type": "object",
+            "required": ["file_path", "content"],
+            "properties": {"file_path": {"type": "string"}, "content": {"type": "string"}},
+        },
+    },
+    "edit": {
+        "description": "Replace old_string by new_string in a file (all occurrences with replace_all).",
+        "input_schema": {
+            "type": "object",
+            "required": ["file_path", "old_string", "new_string"],
+            "properties": {
+                "file_path": {"type": "string"},
+                "old_string": {"type": "string"},
+                "new_string": {"type": "string"},
+                "replace_all": {"type": "boolean"},
+            },
+        },
+    },
+    "glob": {
+        "description": "List files matching a glob pattern.",
+        "input_schema": {
+            "type": "object",
+            "required": ["pattern"],
+            "properties": {"pattern": {"type": "string"}, "path": {"type": "string"}},
+        },
+    },
+    "grep": {
+        "description": "Search file contents for a regular expression.",
+        "input_schema": {
+            "type": "object",
+            "required": ["pattern"],
+            "properties": {"pattern": {"type": "string"}, "path": {"type": "string"}},
+        },
+    },
 }
 for _schema in TOOLSET_SCHEMAS.values():
     _schema["input_schema"]["properties"]["sandbox"] = {
-        "type": "string", "description": "Which of your sandboxes runs this call (default: your first)."}
+        "type": "string",
+        "description": "Which of your sandboxes runs this call (default: your first).",
+    }
 
 HAND_TOOLS: dict[str, dict[str, Any]] = {
     "provision_sandbox": {
         "description": "Provision a new sandbox under a name; pass sandbox=<name> to toolset calls to use it.",
-        "input_schema": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}},
+        "input_schema": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}},
+    },
     "release_sandbox": {
         "description": "Terminate one of your sandboxes by name.",
-        "input_schema": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}},
+        "input_schema": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}},
+    },
     "transfer_sandbox": {
         "description": "Pass one of your sandboxes, with its files and running processes, to another session.",
-        "input_schema": {"type": "object", "required": ["name", "to_session"], "properties": {
-            "name": {"type": "string"}, "to_session": {"type": "string"}}}},
+        "input_schema": {
+            "type": "object",
+            "required": ["name", "to_session"],
+            "properties": {"name": {"type": "string"}, "to_session": {"type": "string"}},
+        },
+    },
 }
 
 # Their default permission policies. Passing a sandbox gives another session its files and running processes,
 # so the user confirms it unless the agent's toolset says otherwise (a `configs` entry named for the tool).
-HAND_TOOL_POLICIES = {"provision_sandbox": "always_allow", "release_sandbox": "always_allow",
-                      "transfer_sandbox": "always_ask"}
+HAND_TOOL_POLICIES = {
+    "provision_sandbox": "always_allow",
+    "release_sandbox": "always_allow",
+    "transfer_sandbox": "always_ask",
+}
 
 # Running these twice has the effect of running them once, so recovery may re-run them.
 SAFE_TO_REPEAT = frozenset({"read", "glob", "grep", "write"})
-_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list,
-               "object": dict}
+_JSON_TYPES = {
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "array": list,
+    "object": dict,
+}
 
 
 @dataclass(frozen=True)
@@ -69,17 +126,28 @@ def agent_tools(agent: dict[str, Any], *, only: frozenset[str] | None = None) ->
             configs = {config["name"]: config for config in entry["configs"]}
             if only is None and configs.get("bash", {}).get("enabled"):
                 for name, schema in HAND_TOOLS.items():
-                    config = configs.get(name) or {"enabled": True,
-                                                   "permission_policy": {"type": HAND_TOOL_POLICIES[name]}}
+                    config = configs.get(name) or {
+                        "enabled": True,
+                        "permission_policy": {"type": HAND_TOOL_POLICIES[name]},
+                    }
                     if config["enabled"]:
                         tools[name] = Tool(name, "hands", {"name": name, **schema}, _permission(config))
             for name, config in configs.items():
                 if config["enabled"] and name in TOOLSET_SCHEMAS and (only is None or name in only):
-                    tools[name] = Tool(name, "toolset", {"name": name, **TOOLSET_SCHEMAS[name]}, _permission(config))
+                    tools[name] = Tool(
+                        name, "toolset", {"name": name, **TOOLSET_SCHEMAS[name]}, _permission(config)
+                    )
         elif entry["type"] == "custom" and (only is None or entry["name"] in only):
-            tools[entry["name"]] = Tool(entry["name"], "custom", {
-                "name": entry["name"], "description": entry["description"], "input_schema": entry["input_schema"]},
-                "allow")
+            tools[entry["name"]] = Tool(
+                entry["name"],
+                "custom",
+                {
+                    "name": entry["name"],
+                    "description": entry["description"],
+                    "input_schema": entry["input_schema"],
+                },
+                "allow",
+            )
     return tools
 
 

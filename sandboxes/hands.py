@@ -45,7 +45,7 @@ def _log(session_id: str) -> Emit:
 
 
 def provisioning_mode(config: dict[str, Any]) -> str:
-    """"lazy" (the first tool call provisions) or "eager" (the turn provisions before its first model call),
+    """ "lazy" (the first tool call provisions) or "eager" (the turn provisions before its first model call),
     from an environment's config."""
     return (config.get("sandbox") or {}).get("provisioning") or settings.SANDBOX_PROVISIONING
 
@@ -56,16 +56,23 @@ def provider_name(environment: Environment) -> str:
 
 def resources_for(environment: Environment, sandbox: Sandbox) -> Resources:
     limits = environment.config.get("sandbox") or {}
-    labels = {"workbench.sandbox": sandbox.id, "workbench.environment": environment.id,
-              "workbench.deployment": settings.WORKBENCH_DEPLOYMENT}
+    labels = {
+        "workbench.sandbox": sandbox.id,
+        "workbench.environment": environment.id,
+        "workbench.deployment": settings.WORKBENCH_DEPLOYMENT,
+    }
     disk_mb = min(limits.get("disk_mb") or settings.SANDBOX_DISK_MB, settings.SANDBOX_MAX_DISK_MB)
     # The maxima bound what an environment stored before an operator lowered them. No network until
     # egress goes through the credential-adding proxy (the vault's issue).
-    return Resources(image=limits.get("image") or settings.SANDBOX_IMAGE,
-                     cpus=min(float(limits.get("cpus", 1.0)), settings.SANDBOX_MAX_CPUS),
-                     memory_mb=min(int(limits.get("memory_mb", 512)), settings.SANDBOX_MAX_MEMORY_MB),
-                     pids=min(int(limits.get("pids", 256)), settings.SANDBOX_MAX_PIDS),
-                     disk_mb=disk_mb if settings.SANDBOX_DISK_QUOTA else None, network=False, labels=labels)
+    return Resources(
+        image=limits.get("image") or settings.SANDBOX_IMAGE,
+        cpus=min(float(limits.get("cpus", 1.0)), settings.SANDBOX_MAX_CPUS),
+        memory_mb=min(int(limits.get("memory_mb", 512)), settings.SANDBOX_MAX_MEMORY_MB),
+        pids=min(int(limits.get("pids", 256)), settings.SANDBOX_MAX_PIDS),
+        disk_mb=disk_mb if settings.SANDBOX_DISK_QUOTA else None,
+        network=False,
+        labels=labels,
+    )
 
 
 def provider_of(sandbox: Sandbox) -> Provider:
@@ -74,7 +81,9 @@ def provider_of(sandbox: Sandbox) -> Provider:
 
 def held(session_id: str) -> list[Sandbox]:
     """The live hands a session holds, the default one first."""
-    return list(Sandbox.objects.filter(session_id=session_id, status=Sandbox.Status.READY).order_by("created_at"))
+    return list(
+        Sandbox.objects.filter(session_id=session_id, status=Sandbox.Status.READY).order_by("created_at")
+    )
 
 
 def _new_sandbox(environment: Environment, *, session: Session, name: str) -> Sandbox:
@@ -83,13 +92,16 @@ def _new_sandbox(environment: Environment, *, session: Session, name: str) -> Sa
     pooled = pool_take(environment, session=session, name=name)
     if pooled is not None:
         return pooled
-    return Sandbox.objects.create(environment=environment, session=session, name=name,
-                                  provider=provider_name(environment))
+    return Sandbox.objects.create(
+        environment=environment, session=session, name=name, provider=provider_name(environment)
+    )
 
 
 def _check_name(name: str) -> None:
     if not name:
-        raise InvalidRequest(f"A sandbox needs a name of 1 to {MAX_NAME_LENGTH} characters; this one is empty.")
+        raise InvalidRequest(
+            f"A sandbox needs a name of 1 to {MAX_NAME_LENGTH} characters; this one is empty."
+        )
     if len(name) > MAX_NAME_LENGTH:
         raise InvalidRequest(f"A sandbox name must be at most {MAX_NAME_LENGTH} characters, not {len(name)}.")
     if not name.isprintable():
@@ -98,8 +110,11 @@ def _check_name(name: str) -> None:
 
 def _check_room(session: Session, name: str | None) -> None:
     """`name` (when given) must be free, and the session under its environment's cap of live hands."""
-    names = list(Sandbox.objects.filter(session_id=session.id, status__in=LIVE).order_by("created_at")
-                 .values_list("name", flat=True))
+    names = list(
+        Sandbox.objects.filter(session_id=session.id, status__in=LIVE)
+        .order_by("created_at")
+        .values_list("name", flat=True)
+    )
     if name is not None and name in names:
         raise InvalidRequest(f"Session {session.id} already holds a sandbox named {name!r}.")
     asked = (session.environment.config.get("sandbox") or {}).get("max_sandboxes")
@@ -109,7 +124,9 @@ def _check_room(session: Session, name: str | None) -> None:
             f"Session {session.id} holds as many sandboxes as it may ({cap}: its environment's "
             f"config.sandbox.max_sandboxes, at most SANDBOX_MAX_PER_SESSION={settings.SANDBOX_MAX_PER_SESSION}): "
             f"{', '.join(map(repr, names))}. Release one first: the release_sandbox tool, or "
-            f"DELETE /v1/sessions/{session.id}/sandboxes/<sandbox id>.", code="sandbox_limit_reached")
+            f"DELETE /v1/sessions/{session.id}/sandboxes/<sandbox id>.",
+            code="sandbox_limit_reached",
+        )
 
 
 def sandbox_provision(session_id: str, *, name: str = DEFAULT_HAND, emit: Emit | None = None) -> Sandbox:
@@ -119,8 +136,11 @@ def sandbox_provision(session_id: str, *, name: str = DEFAULT_HAND, emit: Emit |
     with transaction.atomic():
         # The session row's lock keeps two provisionings racing for one name or the last place from both
         # getting it; the new row, committed before its sandbox starts, counts toward the cap from then on.
-        session = (Session.objects.select_for_update(no_key=True, of=("self",)).select_related("environment")
-                   .get(id=session_id))
+        session = (
+            Session.objects.select_for_update(no_key=True, of=("self",))
+            .select_related("environment")
+            .get(id=session_id)
+        )
         _check_room(session, name)
         sandbox = _new_sandbox(session.environment, session=session, name=name)
     if sandbox.status == Sandbox.Status.PROVISIONING:
@@ -132,8 +152,15 @@ def sandbox_provision(session_id: str, *, name: str = DEFAULT_HAND, emit: Emit |
             raise
         sandbox.status = Sandbox.Status.READY
         sandbox.save(update_fields=["handle", "status"])
-    emit({"type": "sandbox.provisioned", "sandbox_id": sandbox.id, "name": name, "provider": sandbox.provider,
-          "pooled": bool(sandbox.labels.get("from_pool"))})
+    emit(
+        {
+            "type": "sandbox.provisioned",
+            "sandbox_id": sandbox.id,
+            "name": name,
+            "provider": sandbox.provider,
+            "pooled": bool(sandbox.labels.get("from_pool")),
+        }
+    )
     if session.resources:
         from sandboxes.repositories import checkout_repositories
 
@@ -164,21 +191,25 @@ def execute(
                 names = ", ".join(hand.name for hand in held(session_id))
                 return f"This session holds no sandbox named {wanted!r}; it holds: {names}.", True
             hand_name = wanted or DEFAULT_HAND
-            replaced = Sandbox.objects.filter(session_id=session_id, name=hand_name,
-                                              status=Sandbox.Status.DEAD).exists()
+            replaced = Sandbox.objects.filter(
+                session_id=session_id, name=hand_name, status=Sandbox.Status.DEAD
+            ).exists()
             sandbox = sandbox_provision(session_id, name=hand_name, emit=emit)
             if replaced:
                 note = f"[a new sandbox {sandbox.id} was provisioned: the previous one had died]\n"
-        text = provider_of(sandbox).execute(sandbox.handle, name, input, timeout_s=settings.TOOL_TIMEOUT_SECONDS,
-                                            cancelled=cancelled)
+        text = provider_of(sandbox).execute(
+            sandbox.handle, name, input, timeout_s=settings.TOOL_TIMEOUT_SECONDS, cancelled=cancelled
+        )
         Sandbox.objects.filter(id=sandbox.id).update(last_used_at=timezone.now())
         return note + text, False
     except SandboxGone as gone:
         assert sandbox is not None
         Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.DEAD)
         emit({"type": "sandbox.failed", "sandbox_id": sandbox.id, "name": sandbox.name, "reason": str(gone)})
-        return (f"The sandbox {sandbox.name!r} died during this call: {gone}. Its effect is unknown; the next "
-                "call will provision a new sandbox."), True
+        return (
+            f"The sandbox {sandbox.name!r} died during this call: {gone}. Its effect is unknown; the next "
+            "call will provision a new sandbox."
+        ), True
     except (ToolFailed, ToolInputError) as failure:
         return note + str(failure), True
     except InvalidRequest as refused:  # a hand it may not provision: a bad name, or the session's cap
@@ -202,14 +233,20 @@ def _live(sandbox_id: str) -> Sandbox:
     if sandbox is None:
         raise NotFound(f"No sandbox with id {sandbox_id!r}.")
     if sandbox.status != Sandbox.Status.READY:
-        raise InvalidRequest(f"Sandbox {sandbox_id} is {sandbox.status}; only a ready sandbox can change hands.")
+        raise InvalidRequest(
+            f"Sandbox {sandbox_id} is {sandbox.status}; only a ready sandbox can change hands."
+        )
     return sandbox
 
 
 def _receiver(session_id: str) -> Session:
     """The session a hand is given to, locked (as provisioning locks it) and checked to have room for it."""
-    session = (Session.objects.select_for_update(no_key=True, of=("self",)).select_related("environment")
-               .filter(id=session_id, deleted_at__isnull=True).first())
+    session = (
+        Session.objects.select_for_update(no_key=True, of=("self",))
+        .select_related("environment")
+        .filter(id=session_id, deleted_at__isnull=True)
+        .first()
+    )
     if session is None:
         raise NotFound(f"No session with id {session_id!r}.")
     if session.status == Session.Status.TERMINATED:
@@ -226,8 +263,15 @@ def _handed_over(sandbox: Sandbox, session_id: str) -> Sandbox:
         provider_of(sandbox).reset(sandbox.handle)
     except (SandboxError, ToolFailed) as error:
         Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.DEAD)
-        emit_event(session_id, {"type": "sandbox.failed", "sandbox_id": sandbox.id, "name": sandbox.name,
-                                "reason": f"its toolbox could not be verified after it changed hands: {error}"})
+        emit_event(
+            session_id,
+            {
+                "type": "sandbox.failed",
+                "sandbox_id": sandbox.id,
+                "name": sandbox.name,
+                "reason": f"its toolbox could not be verified after it changed hands: {error}",
+            },
+        )
         sandbox.refresh_from_db()
     return sandbox
 
@@ -237,8 +281,10 @@ def sandbox_attach(sandbox_id: str, session_id: str, *, name: str | None = None)
     with transaction.atomic():
         sandbox = _live(sandbox_id)
         if sandbox.session_id is not None:
-            raise InvalidRequest(f"Sandbox {sandbox_id} is held by session {sandbox.session_id}; detach it or "
-                                 "transfer it from there.")
+            raise InvalidRequest(
+                f"Sandbox {sandbox_id} is held by session {sandbox.session_id}; detach it or "
+                "transfer it from there."
+            )
         if name is not None:
             _check_name(name)
         _receiver(session_id)
@@ -254,8 +300,9 @@ def sandbox_detach(sandbox_id: str, *, emit: Emit | None = None) -> Sandbox:
         sandbox = _live(sandbox_id)
         if sandbox.session_id is None:
             raise InvalidRequest(f"Sandbox {sandbox_id} is not attached to any session.")
-        (emit or _log(sandbox.session_id))({"type": "sandbox.detached", "sandbox_id": sandbox.id,
-                                            "name": sandbox.name})
+        (emit or _log(sandbox.session_id))(
+            {"type": "sandbox.detached", "sandbox_id": sandbox.id, "name": sandbox.name}
+        )
         leave_pool(sandbox)
         sandbox.session_id = None
         sandbox.save(update_fields=["session", "labels"])
@@ -273,16 +320,31 @@ def sandbox_transfer(sandbox_id: str, to_session_id: str, *, emit: Emit | None =
         sandbox = _live(sandbox_id)
         source = sandbox.session_id
         if source is None:
-            raise InvalidRequest(f"Sandbox {sandbox_id} is not attached; attach it instead of transferring it.")
+            raise InvalidRequest(
+                f"Sandbox {sandbox_id} is not attached; attach it instead of transferring it."
+            )
         if source == to_session_id:
             raise InvalidRequest(f"Sandbox {sandbox_id} is already held by session {to_session_id}.")
         _receiver(to_session_id)
-        (emit or _log(source))({"type": "sandbox.detached", "sandbox_id": sandbox.id, "name": sandbox.name,
-                                "to_session": to_session_id})
+        (emit or _log(source))(
+            {
+                "type": "sandbox.detached",
+                "sandbox_id": sandbox.id,
+                "name": sandbox.name,
+                "to_session": to_session_id,
+            }
+        )
         sandbox.session_id, sandbox.name = to_session_id, _free_name(to_session_id, sandbox.name)
         sandbox.save(update_fields=["session", "name"])
-        emit_event(to_session_id, {"type": "sandbox.attached", "sandbox_id": sandbox.id, "name": sandbox.name,
-                                   "from_session": source})
+        emit_event(
+            to_session_id,
+            {
+                "type": "sandbox.attached",
+                "sandbox_id": sandbox.id,
+                "name": sandbox.name,
+                "from_session": source,
+            },
+        )
     return _handed_over(sandbox, to_session_id)
 
 
@@ -298,13 +360,22 @@ def sandbox_terminate(sandbox_id: str, *, emit: Emit | None = None) -> Sandbox:
             logger.warning("terminating %s: %s (the reaper will retry)", sandbox.id, error)
         Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.TERMINATED)
         if sandbox.session_id:
-            (emit or _log(sandbox.session_id))({"type": "sandbox.terminated", "sandbox_id": sandbox.id,
-                                                "name": sandbox.name})
+            (emit or _log(sandbox.session_id))(
+                {"type": "sandbox.terminated", "sandbox_id": sandbox.id, "name": sandbox.name}
+            )
     sandbox.refresh_from_db()
     return sandbox
 
 
 def sandbox_json(sandbox: Sandbox) -> dict[str, Any]:
-    return {"id": sandbox.id, "type": "sandbox", "name": sandbox.name, "status": sandbox.status,
-            "provider": sandbox.provider, "environment_id": sandbox.environment_id, "session_id": sandbox.session_id,
-            "created_at": sandbox.created_at.isoformat(), "last_used_at": sandbox.last_used_at.isoformat()}
+    return {
+        "id": sandbox.id,
+        "type": "sandbox",
+        "name": sandbox.name,
+        "status": sandbox.status,
+        "provider": sandbox.provider,
+        "environment_id": sandbox.environment_id,
+        "session_id": sandbox.session_id,
+        "created_at": sandbox.created_at.isoformat(),
+        "last_used_at": sandbox.last_used_at.isoformat(),
+    }

@@ -25,8 +25,13 @@ class Environment(models.Model):
         ordering = ["-created_at", "-id"]
         # Names are unique among the environments the API still shows (archived ones too); deleting one
         # frees its name.
-        constraints = [models.UniqueConstraint(fields=["name"], condition=models.Q(deleted_at__isnull=True),
-                                               name="environment_live_name_unique")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["name"],
+                condition=models.Q(deleted_at__isnull=True),
+                name="environment_live_name_unique",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.id})"
@@ -43,8 +48,9 @@ class Sandbox(models.Model):
 
     id = models.CharField(primary_key=True, max_length=40, default=partial(new_id, "sbx"), editable=False)
     environment = models.ForeignKey(Environment, on_delete=models.PROTECT, related_name="sandboxes")
-    session = models.ForeignKey("agent_sessions.Session", null=True, blank=True, on_delete=models.SET_NULL,
-                                related_name="sandboxes")
+    session = models.ForeignKey(
+        "agent_sessions.Session", null=True, blank=True, on_delete=models.SET_NULL, related_name="sandboxes"
+    )
     name = models.CharField(max_length=64, default="main")
     provider = models.CharField(max_length=32)
     handle = models.CharField(max_length=200, blank=True, default="")

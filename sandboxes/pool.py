@@ -21,7 +21,9 @@ logger = logging.getLogger(__name__)
 
 def pool_size(environment: Environment) -> int:
     """The environment's pool, at most SANDBOX_MAX_WARM_POOL (which may have been lowered since it was set)."""
-    return min(int((environment.config.get("sandbox") or {}).get("warm_pool", 0)), settings.SANDBOX_MAX_WARM_POOL)
+    return min(
+        int((environment.config.get("sandbox") or {}).get("warm_pool", 0)), settings.SANDBOX_MAX_WARM_POOL
+    )
 
 
 def _pooled(environment: Environment):  # type: ignore[no-untyped-def]
@@ -71,14 +73,27 @@ def pool_refill(environment_id: str) -> int:
     with transaction.atomic():
         # The environment row's lock keeps two refills from overfilling the same pool: each counts the
         # sandboxes the other is still starting.
-        environment = Environment.objects.select_for_update().filter(id=environment_id, deleted_at__isnull=True,
-                                                                     archived_at__isnull=True).first()
+        environment = (
+            Environment.objects.select_for_update()
+            .filter(id=environment_id, deleted_at__isnull=True, archived_at__isnull=True)
+            .first()
+        )
         if environment is None:
             return 0
-        coming = _pooled(environment).filter(status__in=(Sandbox.Status.READY, Sandbox.Status.PROVISIONING)).count()
-        rows = [Sandbox.objects.create(environment=environment, name="pooled", labels={"pooled": True},
-                                       provider=provider_name(environment))
-                for _ in range(max(pool_size(environment) - coming, 0))]
+        coming = (
+            _pooled(environment)
+            .filter(status__in=(Sandbox.Status.READY, Sandbox.Status.PROVISIONING))
+            .count()
+        )
+        rows = [
+            Sandbox.objects.create(
+                environment=environment,
+                name="pooled",
+                labels={"pooled": True},
+                provider=provider_name(environment),
+            )
+            for _ in range(max(pool_size(environment) - coming, 0))
+        ]
     added = 0
     for sandbox in rows:
         try:

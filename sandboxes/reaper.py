@@ -25,7 +25,9 @@ def reap_idle() -> list[str]:
 
     now = timezone.now()
     reaped = []
-    ready = Sandbox.objects.filter(status=Sandbox.Status.READY).exclude(session__isnull=True, labels__pooled=True)
+    ready = Sandbox.objects.filter(status=Sandbox.Status.READY).exclude(
+        session__isnull=True, labels__pooled=True
+    )
     for sandbox in ready.select_related("environment", "session"):
         ttl = int((sandbox.environment.config.get("sandbox") or {}).get("idle_ttl_seconds", 3600))
         session = sandbox.session
@@ -41,10 +43,14 @@ def reap_orphans(providers: tuple[str, ...] = PROVIDERS) -> list[str]:
 
     Only this deployment's: an engine may be shared with other deployments and their sandboxes.
     """
-    Sandbox.objects.filter(status=Sandbox.Status.PROVISIONING,
-                           created_at__lt=timezone.now() - PROVISIONING_GRACE).update(status=Sandbox.Status.DEAD)
-    live = set(Sandbox.objects.filter(Q(status=Sandbox.Status.READY) | Q(status=Sandbox.Status.PROVISIONING))
-               .values_list("id", flat=True))
+    Sandbox.objects.filter(
+        status=Sandbox.Status.PROVISIONING, created_at__lt=timezone.now() - PROVISIONING_GRACE
+    ).update(status=Sandbox.Status.DEAD)
+    live = set(
+        Sandbox.objects.filter(
+            Q(status=Sandbox.Status.READY) | Q(status=Sandbox.Status.PROVISIONING)
+        ).values_list("id", flat=True)
+    )
     removed = []
     for name in providers:
         try:

@@ -58,18 +58,24 @@ def sessions_list(request: HttpRequest) -> dict[str, Any]:
         sessions = sessions.filter(agent_id=params["agent_id"])
     if params.get("agent_version"):
         sessions = sessions.filter(
-            agent_version=query_int(params, "agent_version", default=1, minimum=1, maximum=10**9))
+            agent_version=query_int(params, "agent_version", default=1, minimum=1, maximum=10**9)
+        )
     statuses = params.getlist("statuses[]")
     for status in statuses:
         if status not in STATUSES:
-            raise InvalidRequest(f"Query parameter 'statuses[]' must be among {', '.join(STATUSES)}, not {status!r}.")
+            raise InvalidRequest(
+                f"Query parameter 'statuses[]' must be among {', '.join(STATUSES)}, not {status!r}."
+            )
     if statuses:
         sessions = sessions.filter(status__in=statuses)
     for op, value in query_datetime_ranges(params, "created_at").items():
         sessions = sessions.filter(**{f"created_at__{op}": value})
     page = keyset_page(sessions, params, order=order, limit=limit, bidirectional=True)
-    return {"data": [session_json(s) for s in page["rows"]], "next_page": page["next_page"],
-            "prev_page": page["prev_page"]}
+    return {
+        "data": [session_json(s) for s in page["rows"]],
+        "next_page": page["next_page"],
+        "prev_page": page["prev_page"],
+    }
 
 
 def sessions_retrieve(request: HttpRequest, session_id: str) -> dict[str, Any]:
@@ -94,8 +100,14 @@ def sessions_fork(request: HttpRequest, session_id: str) -> dict[str, Any]:
     no_unknown_fields(body, ("at_seq", "harness", "title"), "fork")
     if "at_seq" not in body:
         raise InvalidRequest("'at_seq' is required: the fork copies events [0:at_seq].")
-    return session_json(session_fork(session_id, at_seq=body["at_seq"], harness=body.get("harness"),
-                                     title=text(body, "title", nullable=True, max_length=500, default=None)))
+    return session_json(
+        session_fork(
+            session_id,
+            at_seq=body["at_seq"],
+            harness=body.get("harness"),
+            title=text(body, "title", nullable=True, max_length=500, default=None),
+        )
+    )
 
 
 def events_list(request: HttpRequest, session_id: str) -> dict[str, Any]:
@@ -108,10 +120,18 @@ def events_list(request: HttpRequest, session_id: str) -> dict[str, Any]:
     if params.get("page"):
         position = decode_cursor(params["page"], expect_keys=("s", "o", "sid"))
         if position["sid"] != session_id or position["o"] != order:
-            raise InvalidRequest("The 'page' cursor belongs to another session or order; start again without it.")
+            raise InvalidRequest(
+                "The 'page' cursor belongs to another session or order; start again without it."
+            )
         after_seq = position["s"]
-    events, more = list_events(session_id, after_seq=after_seq, order=order, limit=limit, types=types,
-                               processed=query_datetime_ranges(params, "created_at"))
+    events, more = list_events(
+        session_id,
+        after_seq=after_seq,
+        order=order,
+        limit=limit,
+        types=types,
+        processed=query_datetime_ranges(params, "created_at"),
+    )
     next_page = encode_cursor({"s": events[-1].seq, "o": order, "sid": session_id}) if more else None
     return {"data": [event.as_api() for event in events], "next_page": next_page}
 
@@ -127,8 +147,9 @@ async def events_stream(request: HttpRequest, session_id: str) -> StreamingHttpR
     for kind in wanted:
         if kind not in ("agent.message", "agent.thinking"):
             raise InvalidRequest(f"'event_deltas[]' must be agent.message or agent.thinking, not {kind!r}.")
-    response = StreamingHttpResponse(sse_tail(session_id, previews=frozenset(wanted)),
-                                     content_type="text/event-stream")
+    response = StreamingHttpResponse(
+        sse_tail(session_id, previews=frozenset(wanted)), content_type="text/event-stream"
+    )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response

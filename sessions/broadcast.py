@@ -55,8 +55,12 @@ def _wire(layer: Any, message: Any) -> bytes:
     try:
         data = layer.serialize(event_message(message))
     except Exception:  # noqa: BLE001 - whatever the encoder refuses (e.g. an unpaired surrogate), the stamp is enough
-        logger.warning("event %s:%s could not be encoded inline; it goes out as its stamp", message.session_id,
-                       message.seq, exc_info=True)
+        logger.warning(
+            "event %s:%s could not be encoded inline; it goes out as its stamp",
+            message.session_id,
+            message.seq,
+            exc_info=True,
+        )
     else:
         if len(data) <= INLINE_EVENT_LIMIT:
             return data
@@ -73,8 +77,13 @@ def publish_preview(session_id: str, seq: int, preview: dict[str, Any], *, event
 
     `seq` is the last seq written before it; previews are never stored.
     """
-    message = {"type": "session.preview", "session": session_id, "seq": seq, "event_type": event_type,
-               "preview": preview}
+    message = {
+        "type": "session.preview",
+        "session": session_id,
+        "seq": seq,
+        "event_type": event_type,
+        "preview": preview,
+    }
     _publisher().put(group_name(session_id), message)
 
 
@@ -123,15 +132,20 @@ class _Publisher:
                 try:
                     data = _wire(layer, message)
                 except Exception:  # noqa: BLE001 - one message that cannot be encoded must not cost the rest
-                    logger.warning("a live message for %s could not be encoded and is dropped", group, exc_info=True)
+                    logger.warning(
+                        "a live message for %s could not be encoded and is dropped", group, exc_info=True
+                    )
                     continue
                 pipeline.publish(f"{prefix}__group__{group}", data)
             try:
                 pipeline.execute()
                 sent_at = time.monotonic()
             except redis.RedisError:
-                logger.warning("broadcast of %d messages failed; readers will catch up from the log", len(batch),
-                               exc_info=True)
+                logger.warning(
+                    "broadcast of %d messages failed; readers will catch up from the log",
+                    len(batch),
+                    exc_info=True,
+                )
             if stop:
                 return
 

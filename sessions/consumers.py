@@ -78,8 +78,15 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             await self._send_events(await self.sequencer.on_broadcast(message))
 
     async def session_preview(self, message: dict[str, Any]) -> None:
-        await self.send_json({"type": "preview", "session": message["session"], "seq": message["seq"],
-                              "event_type": message["event_type"], "preview": message["preview"]})
+        await self.send_json(
+            {
+                "type": "preview",
+                "session": message["session"],
+                "seq": message["seq"],
+                "event_type": message["event_type"],
+                "preview": message["preview"],
+            }
+        )
 
     async def _tick(self) -> None:
         while True:

@@ -8,17 +8,77 @@ from workbench.api.errors import InvalidRequest
 from workbench.api.validation import expect, no_unknown_fields, text
 
 MANAGED_AGENTS_TYPES = frozenset(
-    ["user.message", "user.interrupt", "user.tool_confirmation", "user.custom_tool_result", "user.tool_result", "user.define_outcome", "system.message", "agent.message", "agent.thinking", "agent.tool_use", "agent.tool_result", "agent.mcp_tool_use", "agent.mcp_tool_result", "agent.custom_tool_use", "agent.thread_message_received", "agent.thread_message_sent", "agent.thread_context_compacted", "session.status_running", "session.status_idle", "session.status_rescheduled", "session.status_terminated", "session.error", "session.thread_created", "session.thread_status_running", "session.thread_status_idle", "session.thread_status_rescheduled", "session.thread_status_terminated", "session.updated", "session.usage", "session.deleted", "span.model_request_start", "span.model_request_end", "span.outcome_evaluation_start", "span.outcome_evaluation_ongoing", "span.outcome_evaluation_end", "workflow_run.created", "workflow_run.status_running", "workflow_run.status_idle", "workflow_run.status_ended", "workflow_run.error", "workflow_run.phase_started", "workflow_run.phase_ended"]
+    [
+        "user.message",
+        "user.interrupt",
+        "user.tool_confirmation",
+        "user.custom_tool_result",
+        "user.tool_result",
+        "user.define_outcome",
+        "system.message",
+        "agent.message",
+        "agent.thinking",
+        "agent.tool_use",
+        "agent.tool_result",
+        "agent.mcp_tool_use",
+        "agent.mcp_tool_result",
+        "agent.custom_tool_use",
+        "agent.thread_message_received",
+        "agent.thread_message_sent",
+        "agent.thread_context_compacted",
+        "session.status_running",
+        "session.status_idle",
+        "session.status_rescheduled",
+        "session.status_terminated",
+        "session.error",
+        "session.thread_created",
+        "session.thread_status_running",
+        "session.thread_status_idle",
+        "session.thread_status_rescheduled",
+        "session.thread_status_terminated",
+        "session.updated",
+        "session.usage",
+        "session.deleted",
+        "span.model_request_start",
+        "span.model_request_end",
+        "span.outcome_evaluation_start",
+        "span.outcome_evaluation_ongoing",
+        "span.outcome_evaluation_end",
+        "workflow_run.created",
+        "workflow_run.status_running",
+        "workflow_run.status_idle",
+        "workflow_run.status_ended",
+        "workflow_run.error",
+        "workflow_run.phase_started",
+        "workflow_run.phase_ended",
+    ]
 )
 # Workbench's own event types, each under a prefix of its own (listed in the README's event table).
 WORKBENCH_TYPES = frozenset(
-    ["brain.lease_acquired", "brain.lease_released", "brain.harness_switched", "brain.recovered", "brain.parked", "sandbox.provisioned", "sandbox.attached", "sandbox.detached", "sandbox.failed", "sandbox.terminated", "fork.created"]
+    [
+        "brain.lease_acquired",
+        "brain.lease_released",
+        "brain.harness_switched",
+        "brain.recovered",
+        "brain.parked",
+        "sandbox.provisioned",
+        "sandbox.attached",
+        "sandbox.detached",
+        "sandbox.failed",
+        "sandbox.terminated",
+        "fork.created",
+    ]
 )
 KNOWN_TYPES = MANAGED_AGENTS_TYPES | WORKBENCH_TYPES
 
 SENDABLE_TYPES = (
-    "user.message", "user.interrupt", "user.tool_confirmation", "user.custom_tool_result", "user.tool_result",
-    "user.define_outcome", "system.message",
+    "user.message",
+    "user.interrupt",
+    "user.tool_confirmation",
+    "user.custom_tool_result",
+    "user.tool_result",
+    "user.define_outcome",
+    "system.message",
 )
 
 
@@ -56,7 +116,9 @@ def validate_sendable(event: Any, where: str) -> dict[str, Any]:
         no_unknown_fields(event, ("type", "content"), where)
         if "content" not in event:
             raise InvalidRequest(f"'{where}.content' is required.")
-        content = _content(event["content"], f"{where}.content", allowed=("text", "image", "document", "redacted"))
+        content = _content(
+            event["content"], f"{where}.content", allowed=("text", "image", "document", "redacted")
+        )
         if not content:
             raise InvalidRequest(f"'{where}.content' must hold at least one block.")
     elif kind == "system.message":
@@ -68,7 +130,9 @@ def validate_sendable(event: Any, where: str) -> dict[str, Any]:
         no_unknown_fields(event, ("type", "session_thread_id"), where)
         text(event, "session_thread_id", where, nullable=True)
     elif kind == "user.tool_confirmation":
-        no_unknown_fields(event, ("type", "tool_use_id", "result", "deny_message", "session_thread_id"), where)
+        no_unknown_fields(
+            event, ("type", "tool_use_id", "result", "deny_message", "session_thread_id"), where
+        )
         text(event, "tool_use_id", where, required=True, min_length=1)
         if event.get("result") not in ("allow", "deny"):
             raise InvalidRequest(f"'{where}.result' must be 'allow' or 'deny', not {event.get('result')!r}.")
@@ -81,7 +145,9 @@ def validate_sendable(event: Any, where: str) -> dict[str, Any]:
         no_unknown_fields(event, ("type", id_field, "content", "is_error", "session_thread_id"), where)
         text(event, id_field, where, required=True, min_length=1)
         if "content" in event:
-            _content(event["content"], f"{where}.content", allowed=("text", "image", "document", "search_result"))
+            _content(
+                event["content"], f"{where}.content", allowed=("text", "image", "document", "search_result")
+            )
         if "is_error" in event:
             expect(event["is_error"], bool, f"'{where}.is_error'", nullable=True)
     elif kind == "user.define_outcome":

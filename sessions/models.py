@@ -21,7 +21,9 @@ class Session(models.Model):
     agent = models.ForeignKey("harness.Agent", on_delete=models.PROTECT, related_name="sessions")
     agent_version = models.PositiveIntegerField()
     agent_snapshot = models.JSONField(help_text="The resolved agent this session runs.")
-    environment = models.ForeignKey("sandboxes.Environment", on_delete=models.PROTECT, related_name="sessions")
+    environment = models.ForeignKey(
+        "sandboxes.Environment", on_delete=models.PROTECT, related_name="sessions"
+    )
     title = models.CharField(max_length=500, null=True, blank=True)  # noqa: DJ001 - the API tells null from ""
     metadata = models.JSONField(default=dict, blank=True)
     resources = models.JSONField(default=list, blank=True)
@@ -39,7 +41,9 @@ class Session(models.Model):
     wake_attempts = models.PositiveIntegerField(default=0)
     # When the sweeper last queued a wake for this session; taking the lease clears it (one queued at a time).
     wake_queued_at = models.DateTimeField(null=True, blank=True)
-    forked_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks")
+    forked_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks"
+    )
     forked_at_seq = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -100,4 +104,9 @@ class Event(models.Model):
 
     def as_api(self) -> dict[str, Any]:
         """The event as the /v1 API and the SDK see it."""
-        return {"id": self.uid, "type": self.type, **self.payload, "processed_at": self.processed_at.isoformat()}
+        return {
+            "id": self.uid,
+            "type": self.type,
+            **self.payload,
+            "processed_at": self.processed_at.isoformat(),
+        }

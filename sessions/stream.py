@@ -23,7 +23,9 @@ CATCH_UP_BATCH = 500
 
 
 def _read_after(session_id: str, after_seq: int) -> list[tuple[int, dict[str, Any]]]:
-    return [(event.seq, event.as_api()) for event in events_after(session_id, after_seq, limit=CATCH_UP_BATCH)]
+    return [
+        (event.seq, event.as_api()) for event in events_after(session_id, after_seq, limit=CATCH_UP_BATCH)
+    ]
 
 
 _read_after_async = database_sync_to_async(_read_after, thread_sensitive=False)

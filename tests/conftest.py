@@ -59,15 +59,22 @@ def children_database_url() -> str:
     settings = connection.settings_dict
     if connection.vendor == "sqlite":
         return f"sqlite:///{settings['NAME']}"
-    return (f"postgres://{settings['USER']}:{settings.get('PASSWORD') or ''}@{settings['HOST']}:{settings['PORT']}/"
-            f"{settings['NAME']}")
+    return (
+        f"postgres://{settings['USER']}:{settings.get('PASSWORD') or ''}@{settings['HOST']}:{settings['PORT']}/"
+        f"{settings['NAME']}"
+    )
 
 
 def child_env(**extra: str) -> dict[str, str]:
     from django.conf import settings
 
-    env = dict(os.environ, DATABASE_URL=children_database_url(), PYTHONPATH=str(ROOT),
-               DJANGO_SETTINGS_MODULE="workbench.settings", WORKBENCH_DEPLOYMENT=settings.WORKBENCH_DEPLOYMENT)
+    env = dict(
+        os.environ,
+        DATABASE_URL=children_database_url(),
+        PYTHONPATH=str(ROOT),
+        DJANGO_SETTINGS_MODULE="workbench.settings",
+        WORKBENCH_DEPLOYMENT=settings.WORKBENCH_DEPLOYMENT,
+    )
     env.update(extra)
     return env
 
@@ -184,10 +191,28 @@ def brain_worker(live_server_url: str, offline_model: Any) -> Iterator[subproces
     log = open(path, "ab")  # noqa: SIM115 - closed below
     start = log.tell()
     process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "workbench", "worker", "--pool", "threads", "--concurrency", "4",
-         "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"],
-        cwd=ROOT, env=child_env(ANTHROPIC_BASE_URL=offline_model.base_url, MODEL_RETRY_BASE_SECONDS="0.05"),
-        stdout=log, stderr=log, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workbench",
+            "worker",
+            "--pool",
+            "threads",
+            "--concurrency",
+            "4",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
+        cwd=ROOT,
+        env=child_env(ANTHROPIC_BASE_URL=offline_model.base_url, MODEL_RETRY_BASE_SECONDS="0.05"),
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 90

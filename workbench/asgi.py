@@ -72,6 +72,8 @@ async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 application = ProtocolTypeRouter(
     {
         "http": http_app,
-        "websocket": AllowedHostsOriginValidator(ApiKeyOrSessionAuthMiddleware(URLRouter(websocket_urlpatterns))),
+        "websocket": AllowedHostsOriginValidator(
+            ApiKeyOrSessionAuthMiddleware(URLRouter(websocket_urlpatterns))
+        ),
     }
 )

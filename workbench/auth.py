@@ -39,7 +39,9 @@ class _ApiKeyMiddleware:
         self.inner = inner
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
-        headers = {name.decode("latin1").lower(): value.decode("latin1") for name, value in scope.get("headers", [])}
+        headers = {
+            name.decode("latin1").lower(): value.decode("latin1") for name, value in scope.get("headers", [])
+        }
         scope = dict(scope, api_key=await database_sync_to_async(api_key_from_headers)(headers))
         return await self.inner(scope, receive, send)
 
@@ -50,4 +52,6 @@ def ApiKeyOrSessionAuthMiddleware(inner: Any) -> Any:  # noqa: N802 - named like
 
 def scope_is_authenticated(scope: Mapping[str, Any]) -> bool:
     user = scope.get("user")
-    return scope.get("api_key") is not None or bool(user is not None and user.is_authenticated and user.is_staff)
+    return scope.get("api_key") is not None or bool(
+        user is not None and user.is_authenticated and user.is_staff
+    )

@@ -78,7 +78,9 @@ else:
     # Appends run their statements on server-binding cursors (sessions/services/log.py); let psycopg keep
     # them prepared. Behind a transaction-pooling PgBouncer, set DATABASE_PREPARE_THRESHOLD to "".
     _threshold = env("DATABASE_PREPARE_THRESHOLD", default="5")
-    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = int(_threshold) if _threshold else None
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
+        int(_threshold) if _threshold else None
+    )
     # Under ASGI every request runs on a thread of its own, so Django's persistent connections cannot be
     # reused and each request would open one: a psycopg pool per process keeps them instead. Size it
     # above a Celery worker's concurrency; DATABASE_POOL=false falls back to CONN_MAX_AGE.
@@ -190,8 +192,12 @@ SANDBOX_PROVIDER = env("SANDBOX_PROVIDER", default="docker")
 SANDBOX_IMAGE = env("SANDBOX_IMAGE", default="workbench-sandbox:latest")
 # Labels this deployment's sandboxes, so the reaper only ever removes its own on a shared engine.
 _database = DATABASES["default"]
-WORKBENCH_DEPLOYMENT = env("WORKBENCH_DEPLOYMENT", default=__import__("hashlib").sha1(
-    f"{_database.get('HOST')}:{_database.get('PORT')}/{_database.get('NAME')}".encode()).hexdigest()[:12])
+WORKBENCH_DEPLOYMENT = env(
+    "WORKBENCH_DEPLOYMENT",
+    default=__import__("hashlib")
+    .sha1(f"{_database.get('HOST')}:{_database.get('PORT')}/{_database.get('NAME')}".encode())
+    .hexdigest()[:12],
+)
 # "lazy": a sandbox is provisioned by the first tool call that needs one. "eager" ("coupled"): the
 # session's first turn provisions it before the first model call, for the latency comparison.
 SANDBOX_PROVISIONING = env("SANDBOX_PROVISIONING", default="lazy")

@@ -22,9 +22,14 @@ v1 = [
     path("v1/sessions/<str:session_id>/events/stream", sessions.stream),
     path("v1/sessions/<str:session_id>/sandboxes", environments.session_sandboxes),
     path("v1/sessions/<str:session_id>/sandboxes/<str:sandbox_id>", environments.session_sandbox),
-    path("v1/sessions/<str:session_id>/sandboxes/<str:sandbox_id>/detach", environments.session_sandbox_detach_view),
-    path("v1/sessions/<str:session_id>/sandboxes/<str:sandbox_id>/transfer",
-         environments.session_sandbox_transfer_view),
+    path(
+        "v1/sessions/<str:session_id>/sandboxes/<str:sandbox_id>/detach",
+        environments.session_sandbox_detach_view,
+    ),
+    path(
+        "v1/sessions/<str:session_id>/sandboxes/<str:sandbox_id>/transfer",
+        environments.session_sandbox_transfer_view,
+    ),
     path("v1/sandboxes", environments.sandboxes),
 ]
 

@@ -80,8 +80,11 @@ class ToolUseHarness:
             return RunTool(call, tool)
         if waiting:
             last = state.last_idle
-            already = (last is not None and last.seq > max(state.calls[i].use.seq for i in waiting)
-                       and last.payload.get("stop_reason", {}).get("event_ids") == waiting)
+            already = (
+                last is not None
+                and last.seq > max(state.calls[i].use.seq for i in waiting)
+                and last.payload.get("stop_reason", {}).get("event_ids") == waiting
+            )
             return None if already else AwaitAction(waiting)
         if state.pending_inputs or (state.last_response_calls and not _idle_after_response(state)):
             through = needs_compaction(self.agent.get("context") or {"type": "full"}, brain.events)
@@ -95,17 +98,29 @@ class ToolUseHarness:
 
 def pending(state: SessionState) -> bool:
     """Whether the log shows work a brain should pick up (what the sweeper and a releasing brain ask)."""
-    runnable = [c for c in state.unanswered if not c.custom and (
-        c.use.payload.get("evaluated_permission") != "ask" or c.confirmation is not None)]
-    return bool(state.pending_inputs or state.pending_interrupt or state.open_request or runnable
-                or (state.last_response_end is not None and not _idle_after_response(state)))
+    runnable = [
+        c
+        for c in state.unanswered
+        if not c.custom and (c.use.payload.get("evaluated_permission") != "ask" or c.confirmation is not None)
+    ]
+    return bool(
+        state.pending_inputs
+        or state.pending_interrupt
+        or state.open_request
+        or runnable
+        or (state.last_response_end is not None and not _idle_after_response(state))
+    )
 
 
 def _idle_after_response(state: SessionState) -> bool:
     """Whether the turn that response belongs to has ended (an idle that waits for the client has not)."""
     idle = state.last_idle
-    return idle is not None and state.last_response_end is not None and idle.seq > state.last_response_end.seq and (
-        idle.payload.get("stop_reason", {}).get("type") != "requires_action")
+    return (
+        idle is not None
+        and state.last_response_end is not None
+        and idle.seq > state.last_response_end.seq
+        and (idle.payload.get("stop_reason", {}).get("type") != "requires_action")
+    )
 
 
 def _stop_reason(state: SessionState) -> str:

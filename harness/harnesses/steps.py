@@ -55,14 +55,29 @@ class CallModel:
                 return self._attempt(brain)
             except ModelError as error:
                 last = attempt == settings.MODEL_RETRIES or not error.retryable
-                brain.emit({"type": "session.error", "error": {
-                    "type": error.kind, "message": error.message,
-                    "retry_status": {"type": ("exhausted" if error.retryable else "terminal") if last
-                                     else "retrying"}}})
+                brain.emit(
+                    {
+                        "type": "session.error",
+                        "error": {
+                            "type": error.kind,
+                            "message": error.message,
+                            "retry_status": {
+                                "type": ("exhausted" if error.retryable else "terminal")
+                                if last
+                                else "retrying"
+                            },
+                        },
+                    }
+                )
                 if last:
                     reason = "retries_exhausted" if error.retryable else "end_turn"
-                    brain.emit({"type": "session.status_idle", "stop_reason": {"type": reason},
-                                "through_seq": brain.state.last_seq})
+                    brain.emit(
+                        {
+                            "type": "session.status_idle",
+                            "stop_reason": {"type": reason},
+                            "through_seq": brain.state.last_seq,
+                        }
+                    )
                     return None
                 delay = min(settings.MODEL_RETRY_BASE_SECONDS * 2**attempt, 30.0)
                 if brain.interrupted.wait(delay):
@@ -70,8 +85,9 @@ class CallModel:
         return None
 
     def _attempt(self, brain: Brain) -> None:
-        events, prefix = context_events(brain.session_id, self.agent.get("context") or {"type": "full"},
-                                        brain.events)
+        events, prefix = context_events(
+            brain.session_id, self.agent.get("context") or {"type": "full"}, brain.events
+        )
         request: dict[str, Any] = {
             "model": self.agent["model"]["id"],
             "max_tokens": settings.MODEL_MAX_TOKENS,
@@ -95,21 +111,44 @@ class CallModel:
 
         def on_text(index: int, fragment: str) -> None:
             if not started:
-                publish_preview(brain.session_id, start.seq, {"type": "event_start", "event": {
-                    "type": "agent.message", "id": message_id}}, event_type="agent.message")
+                publish_preview(
+                    brain.session_id,
+                    start.seq,
+                    {"type": "event_start", "event": {"type": "agent.message", "id": message_id}},
+                    event_type="agent.message",
+                )
             started.add(index)
-            publish_preview(brain.session_id, start.seq, {"type": "event_delta", "event_id": message_id, "delta": {
-                "type": "content_delta", "index": len(started) - 1, "content": {"type": "text", "text": fragment}}},
-                event_type="agent.message")
+            publish_preview(
+                brain.session_id,
+                start.seq,
+                {
+                    "type": "event_delta",
+                    "event_id": message_id,
+                    "delta": {
+                        "type": "content_delta",
+                        "index": len(started) - 1,
+                        "content": {"type": "text", "text": fragment},
+                    },
+                },
+                event_type="agent.message",
+            )
 
         brain.begin_cancellable()
         try:
-            response = stream_response(request, on_text=on_text, cancelled=brain.interrupted,
-                                       register_cancel=brain.set_cancel_hook)
+            response = stream_response(
+                request, on_text=on_text, cancelled=brain.interrupted, register_cancel=brain.set_cancel_hook
+            )
         except (ModelError, Cancelled) as failure:
-            brain.emit({"type": "span.model_request_end", "model_request_start_id": start.uid, "is_error": True,
-                        "model_usage": {}, "error": getattr(failure, "message", "interrupted")},
-                       key=f"{start.uid}:end")
+            brain.emit(
+                {
+                    "type": "span.model_request_end",
+                    "model_request_start_id": start.uid,
+                    "is_error": True,
+                    "model_usage": {},
+                    "error": getattr(failure, "message", "interrupted"),
+                },
+                key=f"{start.uid}:end",
+            )
             raise
         self._record(brain, start, message_id, response)
 
@@ -118,23 +157,55 @@ class CallModel:
         items: list[tuple[dict[str, Any], str | None]] = []
         texts = [b for b in response.blocks if b["type"] == "text"]
         for i, block in enumerate(b for b in response.blocks if b["type"] == "thinking"):
-            items.append(({"type": "agent.thinking", "thinking": block["thinking"], "signature": block["signature"]},
-                          f"{start.uid}:thinking:{i}"))
+            items.append(
+                (
+                    {
+                        "type": "agent.thinking",
+                        "thinking": block["thinking"],
+                        "signature": block["signature"],
+                    },
+                    f"{start.uid}:thinking:{i}",
+                )
+            )
         if texts:
-            items.append(({"type": "agent.message", "id": message_id, "content": texts}, f"{start.uid}:message"))
+            items.append(
+                ({"type": "agent.message", "id": message_id, "content": texts}, f"{start.uid}:message")
+            )
         for i, block in enumerate(b for b in response.blocks if b["type"] == "tool_use"):
             tool = self.tools.get(block["name"])
             if tool is not None and tool.kind == "custom":
-                items.append(({"type": "agent.custom_tool_use", "name": block["name"], "input": block["input"]},
-                              f"{start.uid}:tool:{i}"))
+                items.append(
+                    (
+                        {"type": "agent.custom_tool_use", "name": block["name"], "input": block["input"]},
+                        f"{start.uid}:tool:{i}",
+                    )
+                )
             else:
                 permission = tool.permission if tool else "allow"
-                items.append(({"type": "agent.tool_use", "name": block["name"], "input": block["input"],
-                               "evaluated_permission": permission,
-                               "evaluation": {"type": "always_ask" if permission == "ask" else "always_allow"}},
-                              f"{start.uid}:tool:{i}"))
-        items.append(({"type": "span.model_request_end", "model_request_start_id": start.uid, "is_error": False,
-                       "stop_reason": response.stop_reason, "model_usage": response.usage}, f"{start.uid}:end"))
+                items.append(
+                    (
+                        {
+                            "type": "agent.tool_use",
+                            "name": block["name"],
+                            "input": block["input"],
+                            "evaluated_permission": permission,
+                            "evaluation": {"type": "always_ask" if permission == "ask" else "always_allow"},
+                        },
+                        f"{start.uid}:tool:{i}",
+                    )
+                )
+        items.append(
+            (
+                {
+                    "type": "span.model_request_end",
+                    "model_request_start_id": start.uid,
+                    "is_error": False,
+                    "stop_reason": response.stop_reason,
+                    "model_usage": response.usage,
+                },
+                f"{start.uid}:end",
+            )
+        )
         brain.emit_many(items)
 
 
@@ -179,12 +250,18 @@ def run_hand_tool(brain: Brain, name: str, value: dict[str, Any]) -> tuple[str, 
             return f"Provisioned sandbox {sandbox.name!r} ({sandbox.id}).", False
         hand = hands.get(value["name"])
         if hand is None:
-            return f"You hold no sandbox named {value['name']!r}; you hold: {', '.join(hands) or 'none'}.", True
+            return (
+                f"You hold no sandbox named {value['name']!r}; you hold: {', '.join(hands) or 'none'}.",
+                True,
+            )
         if name == "release_sandbox":
             sandbox_terminate(hand.id, emit=brain.emit)
             return f"Released sandbox {hand.name!r}.", False
         sandbox = sandbox_transfer(hand.id, value["to_session"], emit=brain.emit)
-        return f"Passed sandbox {hand.name!r} to session {value['to_session']} (named {sandbox.name!r} there).", False
+        return (
+            f"Passed sandbox {hand.name!r} to session {value['to_session']} (named {sandbox.name!r} there).",
+            False,
+        )
     except (ApiError, SandboxError) as error:
         return str(getattr(error, "message", error)), True
 
@@ -198,13 +275,16 @@ def hands_note(session_id: str, *, logged: bool = True) -> str:
     if not hands:
         return "You hold no sandbox yet; your first tool call provisions one named 'main'."
     names = ", ".join(f"{hand.name!r}" for hand in hands)
-    return (f"Sandboxes you hold: {names}. Toolset calls run in {hands[0].name!r} unless you pass "
-            "sandbox=<name>.")
+    return (
+        f"Sandboxes you hold: {names}. Toolset calls run in {hands[0].name!r} unless you pass sandbox=<name>."
+    )
 
 
 def _finish(brain: Brain, call: ToolCall, text: str, is_error: bool) -> None:
-    brain.emit({"type": "agent.tool_result", "tool_use_id": call.id, "content": _text(text), "is_error": is_error},
-               key=f"{call.id}:result")
+    brain.emit(
+        {"type": "agent.tool_result", "tool_use_id": call.id, "content": _text(text), "is_error": is_error},
+        key=f"{call.id}:result",
+    )
 
 
 @dataclass
@@ -225,11 +305,23 @@ class CloseOrphanRequest:
     start: Any
 
     def run(self, brain: Brain) -> None:
-        brain.emit({"type": "span.model_request_end", "model_request_start_id": self.start.uid, "is_error": True,
-                    "model_usage": {}, "error": "the worker stopped during this request"},
-                   key=f"{self.start.uid}:end")
-        brain.emit({"type": "brain.recovered", "closed_model_request": self.start.uid,
-                    "previous_epoch": self.start.lease_epoch})
+        brain.emit(
+            {
+                "type": "span.model_request_end",
+                "model_request_start_id": self.start.uid,
+                "is_error": True,
+                "model_usage": {},
+                "error": "the worker stopped during this request",
+            },
+            key=f"{self.start.uid}:end",
+        )
+        brain.emit(
+            {
+                "type": "brain.recovered",
+                "closed_model_request": self.start.uid,
+                "previous_epoch": self.start.lease_epoch,
+            }
+        )
 
 
 @dataclass
@@ -237,9 +329,13 @@ class AwaitAction:
     event_ids: list[str]
 
     def run(self, brain: Brain) -> None:
-        brain.emit({"type": "session.status_idle", "stop_reason": {"type": "requires_action",
-                                                                   "event_ids": self.event_ids},
-                    "through_seq": brain.state.last_seq})
+        brain.emit(
+            {
+                "type": "session.status_idle",
+                "stop_reason": {"type": "requires_action", "event_ids": self.event_ids},
+                "through_seq": brain.state.last_seq,
+            }
+        )
 
 
 @dataclass
@@ -251,8 +347,13 @@ class EndTurn:
         for call in self.close:
             _finish(brain, call, "Interrupted by the user before this call ran.", True)
         brain.emit({"type": "session.usage", "usage": dict(brain.state.usage)})
-        brain.emit({"type": "session.status_idle", "stop_reason": {"type": self.reason},
-                    "through_seq": brain.state.last_seq})
+        brain.emit(
+            {
+                "type": "session.status_idle",
+                "stop_reason": {"type": self.reason},
+                "through_seq": brain.state.last_seq,
+            }
+        )
 
 
 @dataclass
@@ -264,14 +365,23 @@ class Recover:
 
     def run(self, brain: Brain) -> None:
         name = self.call.use.payload["name"]
-        brain.emit({"type": "brain.recovered", "tool_use_id": self.call.id, "tool": name,
-                    "action": "re-run" if name in SAFE_TO_REPEAT else "closed"})
+        brain.emit(
+            {
+                "type": "brain.recovered",
+                "tool_use_id": self.call.id,
+                "tool": name,
+                "action": "re-run" if name in SAFE_TO_REPEAT else "closed",
+            }
+        )
         if name in SAFE_TO_REPEAT and self.tool is not None:
             return RunTool(self.call, self.tool, recovering=True).run(brain)
-        return CloseCall(self.call, (
-            f"The worker running this {name} call stopped before it finished. Its effect is unverified: it may "
-            "or may not have happened. Check the state before repeating it.")).run(brain)
-
+        return CloseCall(
+            self.call,
+            (
+                f"The worker running this {name} call stopped before it finished. Its effect is unverified: it may "
+                "or may not have happened. Check the state before repeating it."
+            ),
+        ).run(brain)
 
 
 @dataclass
@@ -284,17 +394,37 @@ class Compact:
     def run(self, brain: Brain) -> None:
         _running(brain)
         older = [e for e in brain.events if e.seq <= self.through_seq]
-        messages = messages_from_events(older) + [{"role": "user", "content": _text(
-            "Summarise the conversation so far for your own later use: the task, what was done, what was "
-            "found, and what is left. Be complete but brief.")}]
-        request = {"model": self.agent["model"]["id"], "max_tokens": settings.MODEL_MAX_TOKENS,
-                   "messages": _alternating(messages)}
+        messages = messages_from_events(older) + [
+            {
+                "role": "user",
+                "content": _text(
+                    "Summarise the conversation so far for your own later use: the task, what was done, what was "
+                    "found, and what is left. Be complete but brief."
+                ),
+            }
+        ]
+        request = {
+            "model": self.agent["model"]["id"],
+            "max_tokens": settings.MODEL_MAX_TOKENS,
+            "messages": _alternating(messages),
+        }
         brain.begin_cancellable()
-        response = stream_response(request, on_text=lambda i, t: None, cancelled=brain.interrupted,
-                                   register_cancel=brain.set_cancel_hook)
+        response = stream_response(
+            request,
+            on_text=lambda i, t: None,
+            cancelled=brain.interrupted,
+            register_cancel=brain.set_cancel_hook,
+        )
         summary = "\n".join(b["text"] for b in response.blocks if b["type"] == "text")
-        brain.emit({"type": "agent.thread_context_compacted", "summary": summary, "through_seq": self.through_seq,
-                    "model_usage": response.usage}, key=f"compact:{self.through_seq}")
+        brain.emit(
+            {
+                "type": "agent.thread_context_compacted",
+                "summary": summary,
+                "through_seq": self.through_seq,
+                "model_usage": response.usage,
+            },
+            key=f"compact:{self.through_seq}",
+        )
 
 
 def _alternating(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -9,38 +9,59 @@ import workbench.ids
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Agent',
+            name="Agent",
             fields=[
-                ('id', models.CharField(default=functools.partial(workbench.ids.new_id, *('agent',), **{}), editable=False, max_length=40, primary_key=True, serialize=False)),
-                ('version', models.PositiveIntegerField(default=1, help_text='The latest version.')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('archived_at', models.DateTimeField(blank=True, null=True)),
+                (
+                    "id",
+                    models.CharField(
+                        default=functools.partial(workbench.ids.new_id, *("agent",), **{}),
+                        editable=False,
+                        max_length=40,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
+                ("version", models.PositiveIntegerField(default=1, help_text="The latest version.")),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                ("archived_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='AgentVersion',
+            name="AgentVersion",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('version', models.PositiveIntegerField()),
-                ('config', models.JSONField()),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('agent', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='versions', to='harness.agent')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("version", models.PositiveIntegerField()),
+                ("config", models.JSONField()),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "agent",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="versions",
+                        to="harness.agent",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['agent', '-version'],
-                'constraints': [models.UniqueConstraint(fields=('agent', 'version'), name='agent_version_unique')],
+                "ordering": ["agent", "-version"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("agent", "version"), name="agent_version_unique")
+                ],
             },
         ),
     ]

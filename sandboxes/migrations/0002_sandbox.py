@@ -9,29 +9,65 @@ import workbench.ids
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('agent_sessions', '0003_session_wake_attempts'),
-        ('sandboxes', '0001_initial'),
+        ("agent_sessions", "0003_session_wake_attempts"),
+        ("sandboxes", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Sandbox',
+            name="Sandbox",
             fields=[
-                ('id', models.CharField(default=functools.partial(workbench.ids.new_id, *('sbx',), **{}), editable=False, max_length=40, primary_key=True, serialize=False)),
-                ('name', models.CharField(default='main', max_length=64)),
-                ('provider', models.CharField(max_length=32)),
-                ('handle', models.CharField(blank=True, default='', max_length=200)),
-                ('status', models.CharField(choices=[('provisioning', 'Provisioning'), ('ready', 'Ready'), ('dead', 'Dead'), ('terminated', 'Terminated')], default='provisioning', max_length=20)),
-                ('labels', models.JSONField(blank=True, default=dict)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('last_used_at', models.DateTimeField(auto_now_add=True)),
-                ('environment', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='sandboxes', to='sandboxes.environment')),
-                ('session', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='sandboxes', to='agent_sessions.session')),
+                (
+                    "id",
+                    models.CharField(
+                        default=functools.partial(workbench.ids.new_id, *("sbx",), **{}),
+                        editable=False,
+                        max_length=40,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
+                ("name", models.CharField(default="main", max_length=64)),
+                ("provider", models.CharField(max_length=32)),
+                ("handle", models.CharField(blank=True, default="", max_length=200)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("provisioning", "Provisioning"),
+                            ("ready", "Ready"),
+                            ("dead", "Dead"),
+                            ("terminated", "Terminated"),
+                        ],
+                        default="provisioning",
+                        max_length=20,
+                    ),
+                ),
+                ("labels", models.JSONField(blank=True, default=dict)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("last_used_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "environment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="sandboxes",
+                        to="sandboxes.environment",
+                    ),
+                ),
+                (
+                    "session",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="sandboxes",
+                        to="agent_sessions.session",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['created_at', 'id'],
+                "ordering": ["created_at", "id"],
             },
         ),
     ]

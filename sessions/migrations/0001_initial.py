@@ -9,72 +9,138 @@ import workbench.ids
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('harness', '0001_initial'),
-        ('sandboxes', '0001_initial'),
+        ("harness", "0001_initial"),
+        ("sandboxes", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Session',
+            name="Session",
             fields=[
-                ('id', models.CharField(default=functools.partial(workbench.ids.new_id, *('sesn',), **{}), editable=False, max_length=40, primary_key=True, serialize=False)),
-                ('agent_version', models.PositiveIntegerField()),
-                ('agent_snapshot', models.JSONField(help_text='The resolved agent this session runs.')),
-                ('title', models.CharField(blank=True, max_length=500, null=True)),
-                ('metadata', models.JSONField(blank=True, default=dict)),
-                ('resources', models.JSONField(blank=True, default=list)),
-                ('vault_ids', models.JSONField(blank=True, default=list)),
-                ('budget', models.JSONField(blank=True, null=True)),
-                ('status', models.CharField(choices=[('idle', 'Idle'), ('running', 'Running'), ('rescheduling', 'Rescheduling'), ('terminated', 'Terminated')], default='idle', max_length=20)),
-                ('usage', models.JSONField(blank=True, default=dict)),
-                ('next_seq', models.BigIntegerField(default=0)),
-                ('lease_epoch', models.BigIntegerField(default=0)),
-                ('lease_owner', models.CharField(blank=True, default='', max_length=200)),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('forked_at_seq', models.BigIntegerField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('archived_at', models.DateTimeField(blank=True, null=True)),
-                ('deleted_at', models.DateTimeField(blank=True, null=True)),
-                ('agent', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='sessions', to='harness.agent')),
-                ('environment', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='sessions', to='sandboxes.environment')),
-                ('forked_from', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='forks', to='agent_sessions.session')),
+                (
+                    "id",
+                    models.CharField(
+                        default=functools.partial(workbench.ids.new_id, *("sesn",), **{}),
+                        editable=False,
+                        max_length=40,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
+                ("agent_version", models.PositiveIntegerField()),
+                ("agent_snapshot", models.JSONField(help_text="The resolved agent this session runs.")),
+                ("title", models.CharField(blank=True, max_length=500, null=True)),
+                ("metadata", models.JSONField(blank=True, default=dict)),
+                ("resources", models.JSONField(blank=True, default=list)),
+                ("vault_ids", models.JSONField(blank=True, default=list)),
+                ("budget", models.JSONField(blank=True, null=True)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("idle", "Idle"),
+                            ("running", "Running"),
+                            ("rescheduling", "Rescheduling"),
+                            ("terminated", "Terminated"),
+                        ],
+                        default="idle",
+                        max_length=20,
+                    ),
+                ),
+                ("usage", models.JSONField(blank=True, default=dict)),
+                ("next_seq", models.BigIntegerField(default=0)),
+                ("lease_epoch", models.BigIntegerField(default=0)),
+                ("lease_owner", models.CharField(blank=True, default="", max_length=200)),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("forked_at_seq", models.BigIntegerField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                ("archived_at", models.DateTimeField(blank=True, null=True)),
+                ("deleted_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "agent",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="sessions",
+                        to="harness.agent",
+                    ),
+                ),
+                (
+                    "environment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="sessions",
+                        to="sandboxes.environment",
+                    ),
+                ),
+                (
+                    "forked_from",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="forks",
+                        to="agent_sessions.session",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='Event',
+            name="Event",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('uid', models.CharField(default=functools.partial(workbench.ids.new_id, *('sevt',), **{}), editable=False, max_length=40, unique=True)),
-                ('seq', models.BigIntegerField()),
-                ('type', models.CharField(max_length=64)),
-                ('payload', models.JSONField(default=dict)),
-                ('processed_at', models.DateTimeField()),
-                ('idempotency_key', models.CharField(blank=True, max_length=200, null=True)),
-                ('lease_epoch', models.BigIntegerField(blank=True, null=True)),
-                ('session', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='events', to='agent_sessions.session')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "uid",
+                    models.CharField(
+                        default=functools.partial(workbench.ids.new_id, *("sevt",), **{}),
+                        editable=False,
+                        max_length=40,
+                        unique=True,
+                    ),
+                ),
+                ("seq", models.BigIntegerField()),
+                ("type", models.CharField(max_length=64)),
+                ("payload", models.JSONField(default=dict)),
+                ("processed_at", models.DateTimeField()),
+                ("idempotency_key", models.CharField(blank=True, max_length=200, null=True)),
+                ("lease_epoch", models.BigIntegerField(blank=True, null=True)),
+                (
+                    "session",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="events",
+                        to="agent_sessions.session",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['session', 'seq'],
+                "ordering": ["session", "seq"],
             },
         ),
         migrations.AddIndex(
-            model_name='session',
-            index=models.Index(fields=['created_at', 'id'], name='session_created_id'),
+            model_name="session",
+            index=models.Index(fields=["created_at", "id"], name="session_created_id"),
         ),
         migrations.AddConstraint(
-            model_name='event',
-            constraint=models.UniqueConstraint(fields=('session', 'seq'), name='event_session_seq_unique'),
+            model_name="event",
+            constraint=models.UniqueConstraint(fields=("session", "seq"), name="event_session_seq_unique"),
         ),
         migrations.AddConstraint(
-            model_name='event',
-            constraint=models.UniqueConstraint(fields=('session', 'idempotency_key'), name='event_session_idem_unique'),
+            model_name="event",
+            constraint=models.UniqueConstraint(
+                fields=("session", "idempotency_key"), name="event_session_idem_unique"
+            ),
         ),
     ]

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('agent_sessions', '0002_event_append_only_trigger'),
+        ("agent_sessions", "0002_event_append_only_trigger"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='session',
-            name='wake_attempts',
+            model_name="session",
+            name="wake_attempts",
             field=models.PositiveIntegerField(default=0),
         ),
     ]

@@ -21,16 +21,35 @@ from workbench.api.validation import expect, metadata, no_unknown_fields, patch_
 from workbench.ids import new_id
 
 # User events that give the brain something to do.
-WAKING_TYPES = frozenset({"user.message", "user.interrupt", "user.custom_tool_result", "user.tool_confirmation",
-                          "user.tool_result", "user.define_outcome"})
+WAKING_TYPES = frozenset(
+    {
+        "user.message",
+        "user.interrupt",
+        "user.custom_tool_result",
+        "user.tool_confirmation",
+        "user.tool_result",
+        "user.define_outcome",
+    }
+)
 RUNNING_TYPES = WAKING_TYPES - {"user.interrupt"}
 # What each reference field of a sent event must point at in the same session.
 REFERENCES = {
     "tool_use_id": ("agent.tool_use", "agent.mcp_tool_use"),
     "custom_tool_use_id": ("agent.custom_tool_use",),
 }
-SNAPSHOT_FIELDS = ("name", "description", "system", "model", "tools", "mcp_servers", "skills", "multiagent",
-                   "execution_identity", "harness", "context")
+SNAPSHOT_FIELDS = (
+    "name",
+    "description",
+    "system",
+    "model",
+    "tools",
+    "mcp_servers",
+    "skills",
+    "multiagent",
+    "execution_identity",
+    "harness",
+    "context",
+)
 OVERRIDABLE = ("model", "system", "tools", "mcp_servers", "skills")
 
 
@@ -57,8 +76,12 @@ def _resolve_agent(value: Any) -> tuple[str, int, dict[str, Any]]:
     overrides = {key: value[key] for key in OVERRIDABLE if key in value}
     if overrides:
         config = normalise_agent_config(overrides, current=config)
-    snapshot = {"type": "agent", "id": agent_id, "version": version.version,
-                **{key: config.get(key) for key in SNAPSHOT_FIELDS}}
+    snapshot = {
+        "type": "agent",
+        "id": agent_id,
+        "version": version.version,
+        **{key: config.get(key) for key in SNAPSHOT_FIELDS},
+    }
     return agent_id, version.version, snapshot
 
 
@@ -69,22 +92,39 @@ def _resources(value: Any) -> list[dict[str, Any]]:
         where = f"resources[{i}]"
         kind = expect(resource, dict, f"'{where}'").get("type")
         if kind == "github_repository":
-            no_unknown_fields(resource, ("type", "url", "authorization_token", "checkout", "mount_path"), where)
-            item = {"type": kind, "id": new_id("sres"), **checked_repository(resource, where),
-                    "created_at": now, "updated_at": now}
+            no_unknown_fields(
+                resource, ("type", "url", "authorization_token", "checkout", "mount_path"), where
+            )
+            item = {
+                "type": kind,
+                "id": new_id("sres"),
+                **checked_repository(resource, where),
+                "created_at": now,
+                "updated_at": now,
+            }
         elif kind == "file":
             no_unknown_fields(resource, ("type", "file_id", "mount_path"), where)
             file_id = text(resource, "file_id", where, required=True, min_length=1)
-            item = {"type": kind, "id": new_id("sres"), "file_id": file_id,
-                    "mount_path": text(resource, "mount_path", where, default=f"/mnt/session/uploads/{file_id}"),
-                    "created_at": now, "updated_at": now}
+            item = {
+                "type": kind,
+                "id": new_id("sres"),
+                "file_id": file_id,
+                "mount_path": text(resource, "mount_path", where, default=f"/mnt/session/uploads/{file_id}"),
+                "created_at": now,
+                "updated_at": now,
+            }
         elif kind == "memory_store":
             no_unknown_fields(resource, ("type", "memory_store_id", "access", "instructions"), where)
-            item = {"type": kind, "memory_store_id": text(resource, "memory_store_id", where, required=True),
-                    "access": resource.get("access", "read_write"),
-                    "instructions": text(resource, "instructions", where, max_length=4096, default=None)}
+            item = {
+                "type": kind,
+                "memory_store_id": text(resource, "memory_store_id", where, required=True),
+                "access": resource.get("access", "read_write"),
+                "instructions": text(resource, "instructions", where, max_length=4096, default=None),
+            }
         else:
-            raise InvalidRequest(f"'{where}.type' must be github_repository, file or memory_store, not {kind!r}.")
+            raise InvalidRequest(
+                f"'{where}.type' must be github_repository, file or memory_store, not {kind!r}."
+            )
         resources.append(item)
     return resources
 
@@ -98,7 +138,9 @@ def _budget(value: Any) -> dict[str, Any] | None:
     cost = expect(value.get("max_list_cost"), dict, "'budget.max_list_cost'")
     amount = cost.get("amount")
     if not isinstance(amount, str) or not amount.isdigit():
-        raise InvalidRequest("'budget.max_list_cost.amount' must be a whole number of minor units, as a string.")
+        raise InvalidRequest(
+            "'budget.max_list_cost.amount' must be a whole number of minor units, as a string."
+        )
     return {"type": "limit", "max_list_cost": {"amount": amount, "currency": cost.get("currency", "USD")}}
 
 
@@ -144,13 +186,19 @@ def _append_user_events(session_id: str, events: list[dict[str, Any]], *, open_o
     """A user's events in one append, which sets the session running when they give its brain work and
     queues its wake once they are committed."""
     kinds = {event["type"] for event in events}
-    return emit_events(session_id, [(event, None) for event in events],
-                       status=Session.Status.RUNNING if kinds & RUNNING_TYPES else None, open_only=open_only,
-                       then=partial(_wake, session_id) if kinds & WAKING_TYPES else None)
+    return emit_events(
+        session_id,
+        [(event, None) for event in events],
+        status=Session.Status.RUNNING if kinds & RUNNING_TYPES else None,
+        open_only=open_only,
+        then=partial(_wake, session_id) if kinds & WAKING_TYPES else None,
+    )
 
 
 def _check_open(session_id: str) -> None:
-    session = Session.objects.filter(id=session_id, deleted_at__isnull=True).only("archived_at", "status").first()
+    session = (
+        Session.objects.filter(id=session_id, deleted_at__isnull=True).only("archived_at", "status").first()
+    )
     if session is None:
         raise NotFound(str(SessionNotFound(session_id)))
     if session.archived_at is not None:
@@ -174,7 +222,9 @@ def session_send_events(session_id: str, body: dict[str, Any]) -> list[Event]:
         raise InvalidRequest("'events' must hold at least one event.")
     events = [validate_sendable(event, f"events[{i}]") for i, event in enumerate(events)]
     if any(key in event for event in events for key in REFERENCES):
-        _check_open(session_id)  # a missing or closed session is what to report, not a reference it cannot hold
+        _check_open(
+            session_id
+        )  # a missing or closed session is what to report, not a reference it cannot hold
         _check_references(session_id, events)
     try:
         return _append_user_events(session_id, events, open_only=True)
@@ -185,16 +235,32 @@ def session_send_events(session_id: str, body: dict[str, Any]) -> list[Event]:
 
 
 def session_create(body: dict[str, Any]) -> Session:
-    no_unknown_fields(body, ("agent", "environment_id", "budget", "initial_events", "metadata", "resources",
-                             "title", "vault_ids"), "session")
+    no_unknown_fields(
+        body,
+        (
+            "agent",
+            "environment_id",
+            "budget",
+            "initial_events",
+            "metadata",
+            "resources",
+            "title",
+            "vault_ids",
+        ),
+        "session",
+    )
     if "agent" not in body:
-        raise InvalidRequest("'agent' is required: an agent id, or {\"type\": \"agent\", \"id\": …, \"version\": …}.")
+        raise InvalidRequest(
+            '\'agent\' is required: an agent id, or {"type": "agent", "id": …, "version": …}.'
+        )
     agent_id, version, snapshot = _resolve_agent(body["agent"])
     environment_id = text(body, "environment_id", required=True, min_length=1)
     environment = get_environment(environment_id)
     if environment.archived_at is not None:
-        raise InvalidRequest(f"Environment {environment_id} is archived; sessions cannot start in it.",
-                             code="environment_archived")
+        raise InvalidRequest(
+            f"Environment {environment_id} is archived; sessions cannot start in it.",
+            code="environment_archived",
+        )
     initial = expect(body.get("initial_events", []), list, "'initial_events'")
     if len(initial) > 50:
         raise InvalidRequest(f"'initial_events' may hold at most 50 events, not {len(initial)}.")
@@ -221,7 +287,9 @@ def session_create(body: dict[str, Any]) -> Session:
 
 
 def session_update(session_id: str, body: dict[str, Any]) -> Session:
-    no_unknown_fields(body, ("agent", "budget", "metadata", "title", "vault_ids", "harness"), "session update")
+    no_unknown_fields(
+        body, ("agent", "budget", "metadata", "title", "vault_ids", "harness"), "session update"
+    )
     if "vault_ids" in body:
         raise InvalidRequest("Changing 'vault_ids' of a session is not supported yet; create a new session.")
     with transaction.atomic():
@@ -232,8 +300,9 @@ def session_update(session_id: str, body: dict[str, Any]) -> Session:
         if "title" in body:
             session.title = changed["title"] = text(body, "title", nullable=True, max_length=500)
         if "metadata" in body:
-            session.metadata = changed["metadata"] = patch_metadata(session.metadata,
-                                                                    metadata(body["metadata"], patch=True))
+            session.metadata = changed["metadata"] = patch_metadata(
+                session.metadata, metadata(body["metadata"], patch=True)
+            )
         if "budget" in body:
             session.budget = changed["budget"] = _budget(body["budget"])
         if "agent" in body:
@@ -242,12 +311,17 @@ def session_update(session_id: str, body: dict[str, Any]) -> Session:
             overrides = expect(body["agent"], dict, "'agent'")
             no_unknown_fields(overrides, ("tools", "mcp_servers"), "agent")
             config = normalise_agent_config(overrides, current=session.agent_snapshot)
-            session.agent_snapshot = {**session.agent_snapshot, "tools": config["tools"],
-                                      "mcp_servers": config["mcp_servers"]}
+            session.agent_snapshot = {
+                **session.agent_snapshot,
+                "tools": config["tools"],
+                "mcp_servers": config["mcp_servers"],
+            }
             changed["agent"] = session.agent_snapshot
         switch = validate_harness_name(body["harness"]) if "harness" in body else None
         if switch is not None and session.status == Session.Status.RUNNING:
-            raise InvalidRequest(f"Session {session_id} is running; switch its harness between turns, when idle.")
+            raise InvalidRequest(
+                f"Session {session_id} is running; switch its harness between turns, when idle."
+            )
         session.save()
         if changed:
             emit_event(session.id, {"type": "session.updated", **changed})
@@ -282,5 +356,11 @@ def session_delete(session_id: str) -> dict[str, str]:
     return {"id": session_id, "type": "session_deleted"}
 
 
-__all__ = ["SessionNotFound", "session_archive", "session_create", "session_delete", "session_send_events",
-           "session_update"]
+__all__ = [
+    "SessionNotFound",
+    "session_archive",
+    "session_create",
+    "session_delete",
+    "session_send_events",
+    "session_update",
+]

@@ -45,7 +45,9 @@ class StaleEpoch(Exception):
     """The writer's lease was taken over by another brain; the writer must stop."""
 
     def __init__(self, session_id: str, epoch: int, current: int):
-        super().__init__(f"Session {session_id} is leased at epoch {current}; a write at epoch {epoch} is refused.")
+        super().__init__(
+            f"Session {session_id} is leased at epoch {current}; a write at epoch {epoch} is refused."
+        )
         self.session_id, self.epoch, self.current = session_id, epoch, current
 
 
@@ -57,6 +59,7 @@ _LOCK_AND_BUMP = (
 _UNBUMP = "UPDATE agent_sessions_session SET next_seq = next_seq - %s WHERE id = %s RETURNING next_seq"
 _SET_STATUS = "UPDATE agent_sessions_session SET status = %s WHERE id = %s RETURNING id"
 _USED_KEYS = "SELECT 1 FROM agent_sessions_event WHERE session_id = %s AND idempotency_key IN ({}) LIMIT 1"
+
 
 # The whole append as one statement, so that alone it is one round trip and its own transaction. The
 # UPDATE locks the session row; under READ COMMITTED it re-checks the epoch (and, for a user's events,
@@ -70,9 +73,15 @@ def _append_statement(keyed: bool) -> str:
     # nested loop). A plain `key = ANY(keys)`, or a join, was planned from a small table's statistics and
     # kept (psycopg prepares the statement) as a pass over every index entry of the session, so appends
     # slowed as the session grew. Appends without keys skip the lookup.
-    used = ("used AS (SELECT 1 FROM unnest(%(keys)s::varchar[]) AS k(key), LATERAL (SELECT 1 FROM "
+    used = (
+        (
+            "used AS (SELECT 1 FROM unnest(%(keys)s::varchar[]) AS k(key), LATERAL (SELECT 1 FROM "
             "agent_sessions_event e WHERE e.session_id = %(session)s::varchar AND e.idempotency_key = k.key "
-            "LIMIT 1) AS hit LIMIT 1), ") if keyed else ""
+            "LIMIT 1) AS hit LIMIT 1), "
+        )
+        if keyed
+        else ""
+    )
     return (
         f"WITH {used}"
         "bump AS (UPDATE agent_sessions_session SET next_seq = next_seq + %(count)s, updated_at = %(now)s, "
@@ -141,8 +150,15 @@ def emit_event(
     return emit_events(session_id, [(event, idempotency_key)], epoch=epoch)[0]
 
 
-def emit_events(session_id: str, items: list[Item], *, epoch: int | None = None, status: str | None = None,
-                open_only: bool = False, then: Callable[[], None] | None = None) -> list[Event]:
+def emit_events(
+    session_id: str,
+    items: list[Item],
+    *,
+    epoch: int | None = None,
+    status: str | None = None,
+    open_only: bool = False,
+    then: Callable[[], None] | None = None,
+) -> list[Event]:
     """Append several events at consecutive seqs, all or none, with the statements of one append.
 
     Each item is `(event, idempotency_key)`. Keys are all-or-nothing too: a batch whose keys were used
@@ -161,8 +177,14 @@ def emit_events(session_id: str, items: list[Item], *, epoch: int | None = None,
         rows.append((event_type, uid, body, key))
     db = connections[DEFAULT_DB_ALIAS]
     now = timezone.now()
-    how = {"session_id": session_id, "rows": rows, "now": now, "epoch": epoch,
-           "status": status or _final_status(rows), "open_only": open_only}
+    how = {
+        "session_id": session_id,
+        "rows": rows,
+        "now": now,
+        "epoch": epoch,
+        "status": status or _final_status(rows),
+        "open_only": open_only,
+    }
     try:
         if db.vendor == "postgresql" and not db.in_atomic_block:
             # Alone, an append is its own transaction: run it on psycopg's, skipping Django's bookkeeping.
@@ -204,8 +226,9 @@ def emit_events(session_id: str, items: list[Item], *, epoch: int | None = None,
     return result
 
 
-def _append_at_once(db: Any, *, session_id: str, rows: Rows, now: Any, epoch: int | None, status: str | None,
-                    open_only: bool) -> tuple[str, Any]:
+def _append_at_once(
+    db: Any, *, session_id: str, rows: Rows, now: Any, epoch: int | None, status: str | None, open_only: bool
+) -> tuple[str, Any]:
     """The append as one statement (`APPEND`, or `APPEND_KEYED`) on PostgreSQL, outside any transaction.
 
     Returns `_append`'s outcomes, or ("look again", None) when a key or id turned out to be taken, for
@@ -213,11 +236,22 @@ def _append_at_once(db: Any, *, session_id: str, rows: Rows, now: Any, epoch: in
     keys = [key for *_, key in rows if key is not None]
     cursor = psycopg.Cursor(db.connection)
     try:
-        next_seq, ids = cursor.execute(APPEND_KEYED if keys else APPEND, {
-            "session": session_id, "count": len(rows), "now": now, "epoch": epoch, "keys": keys,
-            "status": status, "open_only": open_only, "uids": [uid for _, uid, _, _ in rows],
-            "types": [kind for kind, *_ in rows], "payloads": [Jsonb(body) for _, _, body, _ in rows],
-            "event_keys": [key for *_, key in rows]}).fetchone()
+        next_seq, ids = cursor.execute(
+            APPEND_KEYED if keys else APPEND,
+            {
+                "session": session_id,
+                "count": len(rows),
+                "now": now,
+                "epoch": epoch,
+                "keys": keys,
+                "status": status,
+                "open_only": open_only,
+                "uids": [uid for _, uid, _, _ in rows],
+                "types": [kind for kind, *_ in rows],
+                "payloads": [Jsonb(body) for _, _, body, _ in rows],
+                "event_keys": [key for *_, key in rows],
+            },
+        ).fetchone()
     except psycopg.errors.UniqueViolation:
         return "look again", None
     if next_seq is not None:
@@ -234,8 +268,9 @@ def _append_at_once(db: Any, *, session_id: str, rows: Rows, now: Any, epoch: in
     return ("existing", existing) if existing else ("look again", None)
 
 
-def _append(db: Any, *, session_id: str, rows: Rows, now: Any, epoch: int | None, status: str | None,
-            open_only: bool) -> tuple[str, Any]:
+def _append(
+    db: Any, *, session_id: str, rows: Rows, now: Any, epoch: int | None, status: str | None, open_only: bool
+) -> tuple[str, Any]:
     """The statements of one append, inside the caller's transaction.
 
     Returns ("new", events), ("existing", the events first written with the keys), ("stale", the current
@@ -271,17 +306,24 @@ def _append(db: Any, *, session_id: str, rows: Rows, now: Any, epoch: int | None
     return "new", _events(db, session_id, rows, first, [pk for (pk,) in ids], now, epoch)
 
 
-def _first_written(session_id: str, rows: Rows,
-                   keys: list[str]) -> list[Event]:
+def _first_written(session_id: str, rows: Rows, keys: list[str]) -> list[Event]:
     """The events first written with these rows' keys, in the rows' order (none if no key was used)."""
-    existing = {e.idempotency_key: e for e in Event.objects.filter(session_id=session_id, idempotency_key__in=keys)}
+    existing = {
+        e.idempotency_key: e for e in Event.objects.filter(session_id=session_id, idempotency_key__in=keys)
+    }
     return [existing[key] for *_, key in rows if key in existing]
 
 
 def _closed(archived_at: Any, status: str) -> str | None:
     """Why a session takes no more events from users, if it does not."""
     # (Not `archived_at IS NOT NULL` in SQL: SQLite 3.40 answered it wrong in an UPDATE's RETURNING.)
-    return "archived" if archived_at is not None else "terminated" if status == Session.Status.TERMINATED else None
+    return (
+        "archived"
+        if archived_at is not None
+        else "terminated"
+        if status == Session.Status.TERMINATED
+        else None
+    )
 
 
 def _final_status(rows: Rows) -> str | None:
@@ -290,13 +332,23 @@ def _final_status(rows: Rows) -> str | None:
     return statuses[-1] if statuses else None
 
 
-def _events(db: Any, session_id: str, rows: Rows, first: int,
-            ids: list[int], now: Any, epoch: int | None) -> list[Event]:
+def _events(
+    db: Any, session_id: str, rows: Rows, first: int, ids: list[int], now: Any, epoch: int | None
+) -> list[Event]:
     """The appended rows as saved `Event`s, without reading them back."""
     created = []
     for pk, offset, (kind, uid, body, key) in zip(ids, range(len(rows)), rows, strict=True):
-        event = Event(id=pk, uid=uid, session_id=session_id, seq=first + offset, type=kind, payload=body,
-                      processed_at=now, idempotency_key=key, lease_epoch=epoch)
+        event = Event(
+            id=pk,
+            uid=uid,
+            session_id=session_id,
+            seq=first + offset,
+            type=kind,
+            payload=body,
+            processed_at=now,
+            idempotency_key=key,
+            lease_epoch=epoch,
+        )
         event._state.adding = False
         event._state.db = db.alias
         created.append(event)

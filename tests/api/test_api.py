@@ -44,14 +44,26 @@ def test_x_api_key_header_authenticates(client, api_key):
 
 
 def test_agent_create_normalises_model_and_toolset(api):
-    agent = api.post("/v1/agents", {"name": "coder", "model": "claude-sonnet-5-5",
-                                    "tools": [{"type": "agent_toolset_20260401"}]}).json()
+    agent = api.post(
+        "/v1/agents",
+        {"name": "coder", "model": "claude-sonnet-5-5", "tools": [{"type": "agent_toolset_20260401"}]},
+    ).json()
     assert agent["id"].startswith("agent_") and agent["type"] == "agent" and agent["version"] == 1
     assert agent["model"]["id"] == "claude-sonnet-5-5"
     toolset = agent["tools"][0]
-    assert [c["name"] for c in toolset["configs"]] == ["bash", "edit", "read", "write", "glob", "grep",
-                                                       "web_fetch", "web_search"]
-    assert all(c["permission_policy"] == {"type": "always_allow"} and c["enabled"] for c in toolset["configs"])
+    assert [c["name"] for c in toolset["configs"]] == [
+        "bash",
+        "edit",
+        "read",
+        "write",
+        "glob",
+        "grep",
+        "web_fetch",
+        "web_search",
+    ]
+    assert all(
+        c["permission_policy"] == {"type": "always_allow"} and c["enabled"] for c in toolset["configs"]
+    )
     assert agent["execution_identity"] == {"type": "service_account"} and agent["archived_at"] is None
 
 
@@ -90,8 +102,13 @@ def test_agents_list_pages_with_next_page(api):
 
 
 def test_environment_lifecycle_and_config_type_change_refused(api):
-    env = api.post("/v1/environments", {"name": "box", "config": {
-        "type": "cloud", "networking": {"type": "limited", "allowed_hosts": ["pypi.org"]}}}).json()
+    env = api.post(
+        "/v1/environments",
+        {
+            "name": "box",
+            "config": {"type": "cloud", "networking": {"type": "limited", "allowed_hosts": ["pypi.org"]}},
+        },
+    ).json()
     assert env["id"].startswith("env_") and env["config"]["networking"]["allow_package_managers"] is False
     assert env["config"]["packages"]["pip"] == []
     changed = api.post(f"/v1/environments/{env['id']}", {"config": {"type": "self_hosted"}})
@@ -101,17 +118,31 @@ def test_environment_lifecycle_and_config_type_change_refused(api):
     deleted = api.delete(f"/v1/environments/{env['id']}").json()
     assert deleted == {"id": env["id"], "type": "environment_deleted"}
     missing = api.get(f"/v1/environments/{env['id']}")
-    assert assert_error(missing, 404, "not_found_error")["error"]["details"]["error_code"] == "environment_not_found"
+    assert (
+        assert_error(missing, 404, "not_found_error")["error"]["details"]["error_code"]
+        == "environment_not_found"
+    )
 
 
 def test_session_create_resolves_the_agent_and_starts_idle(api):
     agent = api.post("/v1/agents", {"name": "a", "model": "m"}).json()
     api.post(f"/v1/agents/{agent['id']}", {"system": "v2"})
     env = api.post("/v1/environments", {"name": "e"}).json()
-    session = api.post("/v1/sessions", {"agent": {"type": "agent", "id": agent["id"], "version": 1},
-                                        "environment_id": env["id"], "title": "t",
-                                        "resources": [{"type": "github_repository", "url": "https://x/y/repo.git",
-                                                       "authorization_token": "secret-token"}]}).json()
+    session = api.post(
+        "/v1/sessions",
+        {
+            "agent": {"type": "agent", "id": agent["id"], "version": 1},
+            "environment_id": env["id"],
+            "title": "t",
+            "resources": [
+                {
+                    "type": "github_repository",
+                    "url": "https://x/y/repo.git",
+                    "authorization_token": "secret-token",
+                }
+            ],
+        },
+    ).json()
     assert session["id"].startswith("sesn_") and session["status"] == "idle"
     assert session["agent"]["version"] == 1 and session["agent"]["system"] is None
     assert session["resources"][0]["mount_path"] == "/workspace/repo"
@@ -130,11 +161,18 @@ def test_sending_a_user_message_records_it_and_marks_the_session_running(api):
 def test_events_list_pages_orders_and_filters(api):
     session_id = new_session(api)
     for i in range(7):
-        emit_event(session_id, {"type": "agent.message" if i % 2 else "system.message",
-                                "content": [{"type": "text", "text": str(i)}]})
+        emit_event(
+            session_id,
+            {
+                "type": "agent.message" if i % 2 else "system.message",
+                "content": [{"type": "text", "text": str(i)}],
+            },
+        )
     texts, page = [], None
     while True:
-        body = api.get(f"/v1/sessions/{session_id}/events", limit=3, **({"page": page} if page else {})).json()
+        body = api.get(
+            f"/v1/sessions/{session_id}/events", limit=3, **({"page": page} if page else {})
+        ).json()
         texts += [e["content"][0]["text"] for e in body["data"]]
         page = body["next_page"]
         if not page:
@@ -178,7 +216,9 @@ def test_events_sent_to_a_terminated_or_unknown_session_are_refused_and_nothing_
     refused = api.post(f"/v1/sessions/{session_id}/events", {"events": [user_message()]})
     assert_error(refused, 400, "invalid_request_error", mentions="terminated")
     assert not Event.objects.filter(session_id=session_id).exists()
-    assert_error(api.post("/v1/sessions/sesn_nope/events", {"events": [user_message()]}), 404, "not_found_error")
+    assert_error(
+        api.post("/v1/sessions/sesn_nope/events", {"events": [user_message()]}), 404, "not_found_error"
+    )
 
 
 def test_session_update_patches_and_records_session_updated(api):
@@ -187,8 +227,12 @@ def test_session_update_patches_and_records_session_updated(api):
     assert updated["title"] == "renamed" and updated["metadata"] == {"k": "v"}
     event = Event.objects.get(session_id=session_id)
     assert event.type == "session.updated" and event.payload["title"] == "renamed"
-    assert_error(api.post(f"/v1/sessions/{session_id}", {"vault_ids": []}), 400, "invalid_request_error",
-                 mentions="not supported")
+    assert_error(
+        api.post(f"/v1/sessions/{session_id}", {"vault_ids": []}),
+        400,
+        "invalid_request_error",
+        mentions="not supported",
+    )
 
 
 BAD_SENDS = [
@@ -198,11 +242,23 @@ BAD_SENDS = [
     ({"events": [{"type": "user.message", "content": "hi"}]}, "must be an array"),
     ({"events": [{"type": "user.message", "content": [{"type": "text", "text": 5}]}]}, "must be a string"),
     ({"events": [{"type": "user.message", "content": [{"type": "text"}]}]}, "is required"),
-    ({"events": [user_message(), {"type": "user.tool_confirmation", "tool_use_id": "sevt_x", "result": "maybe"}]},
-     "'allow' or 'deny'"),
-    ({"events": [{"type": "user.tool_confirmation", "tool_use_id": "sevt_nope", "result": "allow"}]},
-     "not the id of an agent.tool_use"),
-    ({"events": [{"type": "user.custom_tool_result", "custom_tool_use_id": "sevt_nope"}]}, "agent.custom_tool_use"),
+    (
+        {
+            "events": [
+                user_message(),
+                {"type": "user.tool_confirmation", "tool_use_id": "sevt_x", "result": "maybe"},
+            ]
+        },
+        "'allow' or 'deny'",
+    ),
+    (
+        {"events": [{"type": "user.tool_confirmation", "tool_use_id": "sevt_nope", "result": "allow"}]},
+        "not the id of an agent.tool_use",
+    ),
+    (
+        {"events": [{"type": "user.custom_tool_result", "custom_tool_use_id": "sevt_nope"}]},
+        "agent.custom_tool_use",
+    ),
     ({"events": []}, "at least one"),
     ({"events": "x"}, "must be an array"),
     ({}, "'events' is required"),
@@ -238,8 +294,11 @@ def test_a_body_over_one_mebibyte_is_a_413_and_nothing_is_written(api):
 
 @pytest.mark.parametrize("session_id", ["sesn_doesnotexist", "agent_0000000000000000000000000", "../etc"])
 def test_unknown_or_foreign_session_ids_are_404(api, session_id):
-    for response in (api.get(f"/v1/sessions/{session_id}"), api.get(f"/v1/sessions/{session_id}/events"),
-                     api.post(f"/v1/sessions/{session_id}/events", {"events": [user_message()]})):
+    for response in (
+        api.get(f"/v1/sessions/{session_id}"),
+        api.get(f"/v1/sessions/{session_id}/events"),
+        api.post(f"/v1/sessions/{session_id}/events", {"events": [user_message()]}),
+    ):
         assert_error(response, 404, "not_found_error")
     assert Event.objects.count() == 0
 
@@ -256,31 +315,59 @@ def test_a_page_cursor_that_was_not_issued_is_a_400(api):
     assert_error(response, 400, "invalid_request_error", mentions="another session")
 
 
-@pytest.mark.parametrize(("params", "mentions"), [
-    ({"limit": "0"}, "between 1 and 1000"), ({"limit": "1001"}, "between 1 and 1000"), ({"limit": "ten"}, "integer"),
-    ({"order": "sideways"}, "asc, desc"), ({"types[]": "agent.nonsense"}, "unknown event type"),
-    ({"created_at[gt]": "yesterday"}, "RFC 3339"),
-])
+@pytest.mark.parametrize(
+    ("params", "mentions"),
+    [
+        ({"limit": "0"}, "between 1 and 1000"),
+        ({"limit": "1001"}, "between 1 and 1000"),
+        ({"limit": "ten"}, "integer"),
+        ({"order": "sideways"}, "asc, desc"),
+        ({"types[]": "agent.nonsense"}, "unknown event type"),
+        ({"created_at[gt]": "yesterday"}, "RFC 3339"),
+    ],
+)
 def test_bad_list_queries_are_400(api, params, mentions):
     session_id = new_session(api)
-    assert_error(api.get(f"/v1/sessions/{session_id}/events", **params), 400, "invalid_request_error",
-                 mentions=mentions)
+    assert_error(
+        api.get(f"/v1/sessions/{session_id}/events", **params),
+        400,
+        "invalid_request_error",
+        mentions=mentions,
+    )
 
 
-@pytest.mark.parametrize(("body", "mentions"), [
-    ({"model": "m"}, "'name' is required"),
-    ({"name": "x"}, "'model' is required"),
-    ({"name": "", "model": "m"}, "must not be empty"),
-    ({"name": "x", "model": 3}, "'model' must be an object"),
-    ({"name": "x", "model": "m", "tools": [{"type": "shell"}]}, "tools[0].type"),
-    ({"name": "x", "model": "m", "tools": [{"type": "custom", "name": "bad name!", "description": "d",
-                                            "input_schema": {"type": "object"}}]}, "letters, digits"),
-    ({"name": "x", "model": "m", "mcp_servers": [{"type": "url", "name": "s", "url": "http://x"}]},
-     "must each be used by an mcp_toolset"),
-    ({"name": "x", "model": "m", "metadata": {"k": 1}}, "must be a string"),
-    ({"name": "x", "model": "m", "harness": "nope"}, "'harness' must be one of"),
-    ({"name": "x", "model": "m", "colour": "blue"}, "unknown field"),
-])
+@pytest.mark.parametrize(
+    ("body", "mentions"),
+    [
+        ({"model": "m"}, "'name' is required"),
+        ({"name": "x"}, "'model' is required"),
+        ({"name": "", "model": "m"}, "must not be empty"),
+        ({"name": "x", "model": 3}, "'model' must be an object"),
+        ({"name": "x", "model": "m", "tools": [{"type": "shell"}]}, "tools[0].type"),
+        (
+            {
+                "name": "x",
+                "model": "m",
+                "tools": [
+                    {
+                        "type": "custom",
+                        "name": "bad name!",
+                        "description": "d",
+                        "input_schema": {"type": "object"},
+                    }
+                ],
+            },
+            "letters, digits",
+        ),
+        (
+            {"name": "x", "model": "m", "mcp_servers": [{"type": "url", "name": "s", "url": "http://x"}]},
+            "must each be used by an mcp_toolset",
+        ),
+        ({"name": "x", "model": "m", "metadata": {"k": 1}}, "must be a string"),
+        ({"name": "x", "model": "m", "harness": "nope"}, "'harness' must be one of"),
+        ({"name": "x", "model": "m", "colour": "blue"}, "unknown field"),
+    ],
+)
 def test_bad_agents_are_refused_and_nothing_is_created(api, body, mentions):
     from harness.models import Agent
 
@@ -290,12 +377,20 @@ def test_bad_agents_are_refused_and_nothing_is_created(api, body, mentions):
 
 def test_session_create_refuses_unknown_agent_and_environment(api):
     env = make_environment()
-    assert_error(api.post("/v1/sessions", {"agent": "agent_missing", "environment_id": env}), 404,
-                 "not_found_error")
-    assert_error(api.post("/v1/sessions", {"agent": make_agent(), "environment_id": "env_missing"}), 404,
-                 "not_found_error")
-    assert_error(api.post("/v1/sessions", {"environment_id": env}), 400, "invalid_request_error",
-                 mentions="'agent' is required")
+    assert_error(
+        api.post("/v1/sessions", {"agent": "agent_missing", "environment_id": env}), 404, "not_found_error"
+    )
+    assert_error(
+        api.post("/v1/sessions", {"agent": make_agent(), "environment_id": "env_missing"}),
+        404,
+        "not_found_error",
+    )
+    assert_error(
+        api.post("/v1/sessions", {"environment_id": env}),
+        400,
+        "invalid_request_error",
+        mentions="'agent' is required",
+    )
     assert Session.objects.count() == 0
 
 

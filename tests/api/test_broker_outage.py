@@ -26,10 +26,26 @@ def own_redis(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """A Redis of this test's own, which it may stop or kill without touching anyone else's."""
     import shutil
 
-    require(shutil.which("redis-server") is not None, "redis-server is not installed; `make test` installs it")
+    require(
+        shutil.which("redis-server") is not None, "redis-server is not installed; `make test` installs it"
+    )
     port = free_port()
-    process = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     import redis
 
     deadline = time.monotonic() + 10
@@ -55,19 +71,24 @@ def server_on_own_redis(transactional_db, own_redis) -> Iterator[tuple[str, subp
     from bench.log import daphne
 
     process, url = own_redis
-    with daphne(child_env(REDIS_URL=url), ROOT / ".pytest-daphne.log", append_log=True, timeout=90) as base_url:
+    with daphne(
+        child_env(REDIS_URL=url), ROOT / ".pytest-daphne.log", append_log=True, timeout=90
+    ) as base_url:
         yield base_url, process
 
 
 def _messages(session_id: str) -> list[str]:
     from sessions.models import Event
 
-    return list(Event.objects.filter(session_id=session_id, type="user.message").values_list("uid", flat=True))
+    return list(
+        Event.objects.filter(session_id=session_id, type="user.message").values_list("uid", flat=True)
+    )
 
 
 @pytest.mark.parametrize("outage", ["hung", "refusing"])
 def test_a_send_while_the_broker_is_down_answers_and_stores_the_message_once(
-        server_on_own_redis, api_key, outage):
+    server_on_own_redis, api_key, outage
+):
     base_url, redis_process = server_on_own_redis
     # The SDK as a user has it: its default two retries, and a 20 s timeout as in the report.
     sdk = anthropic.Anthropic(base_url=base_url, api_key=api_key, timeout=20)
@@ -78,9 +99,12 @@ def test_a_send_while_the_broker_is_down_answers_and_stores_the_message_once(
         redis_process.kill()
         redis_process.wait(10)
     began = time.monotonic()
-    sent = sdk.beta.sessions.events.send(session.id, events=[
-        {"type": "user.message", "content": [{"type": "text", "text": "hello"}]}])
+    sent = sdk.beta.sessions.events.send(
+        session.id, events=[{"type": "user.message", "content": [{"type": "text", "text": "hello"}]}]
+    )
     took = time.monotonic() - began
-    assert [event.id for event in sent.data] == _messages(session.id), "the log holds the message more than once"
+    assert [event.id for event in sent.data] == _messages(session.id), (
+        "the log holds the message more than once"
+    )
     assert took < 20, f"the send waited {took:.1f} s on the broker"
     assert sdk.beta.sessions.retrieve(session.id).status == "running", "the sweeper needs the session running"

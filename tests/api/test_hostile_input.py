@@ -29,19 +29,29 @@ def send(api, session_id: str, *, body: dict | None = None, raw: bytes | None = 
 def test_a_message_with_an_unpaired_surrogate_is_refused_and_names_the_field(api):
     session_id = new_session(api)
     response = send(api, session_id, body={"events": [user_message("hi \ud800")]})
-    assert_error(response, 400, "invalid_request_error",
-                 mentions="'events[0].content[0].text' holds an unpaired surrogate (U+D800) at index 3")
+    assert_error(
+        response,
+        400,
+        "invalid_request_error",
+        mentions="'events[0].content[0].text' holds an unpaired surrogate (U+D800) at index 3",
+    )
     # The same bytes a client other than Python's json would send.
     raw = b'{"events": [{"type": "user.message", "content": [{"type": "text", "text": "hi \\ud800"}]}]}'
     assert_error(send(api, session_id, raw=raw), 400, "invalid_request_error", mentions="U+D800")
-    assert_error(send(api, session_id, raw=raw.replace(b"\\ud800", b"\\udfff")), 400, "invalid_request_error",
-                 mentions="U+DFFF")
+    assert_error(
+        send(api, session_id, raw=raw.replace(b"\\ud800", b"\\udfff")),
+        400,
+        "invalid_request_error",
+        mentions="U+DFFF",
+    )
     assert not Event.objects.filter(session_id=session_id).exists()
 
 
 def test_a_surrogate_pair_is_one_character_and_is_taken(api):
     session_id = new_session(api)
-    raw = b'{"events": [{"type": "user.message", "content": [{"type": "text", "text": "hi \\ud83d\\ude00"}]}]}'
+    raw = (
+        b'{"events": [{"type": "user.message", "content": [{"type": "text", "text": "hi \\ud83d\\ude00"}]}]}'
+    )
     response = send(api, session_id, raw=raw)
     assert response.status_code == 200, response.content
     assert Event.objects.get(session_id=session_id).payload["content"][0]["text"] == "hi \U0001f600"
@@ -49,29 +59,61 @@ def test_a_surrogate_pair_is_one_character_and_is_taken(api):
 
 def test_a_nul_in_a_message_a_name_metadata_or_a_sandbox_id_is_refused_and_names_the_field(api):
     session_id = new_session(api)
-    assert_error(send(api, session_id, body={"events": [user_message("a\x00b")]}), 400, "invalid_request_error",
-                 mentions="'events[0].content[0].text' holds a NUL character (U+0000) at index 1")
-    assert_error(api.post("/v1/agents", {"name": "a\x00", "model": "claude-sonnet-5-5"}), 400,
-                 "invalid_request_error", mentions="'name' holds a NUL")
-    assert_error(api.post("/v1/environments", {"name": "e\x00", "config": {"type": "cloud"}}), 400,
-                 "invalid_request_error", mentions="'name' holds a NUL")
-    assert_error(api.post("/v1/agents", {"name": "a", "model": "m", "metadata": {"team": "x\x00"}}), 400,
-                 "invalid_request_error", mentions="'metadata.team' holds a NUL")
-    assert_error(api.post(f"/v1/sessions/{session_id}", {"metadata": {"my key\x00": "v"}}), 400,
-                 "invalid_request_error", mentions='A key of \'metadata\' ("my key\\u0000") holds a NUL')
-    assert_error(api.post(f"/v1/sessions/{session_id}/sandboxes", {"sandbox_id": "sbx_\x00"}), 400,
-                 "invalid_request_error", mentions="'sandbox_id' holds a NUL")
+    assert_error(
+        send(api, session_id, body={"events": [user_message("a\x00b")]}),
+        400,
+        "invalid_request_error",
+        mentions="'events[0].content[0].text' holds a NUL character (U+0000) at index 1",
+    )
+    assert_error(
+        api.post("/v1/agents", {"name": "a\x00", "model": "claude-sonnet-5-5"}),
+        400,
+        "invalid_request_error",
+        mentions="'name' holds a NUL",
+    )
+    assert_error(
+        api.post("/v1/environments", {"name": "e\x00", "config": {"type": "cloud"}}),
+        400,
+        "invalid_request_error",
+        mentions="'name' holds a NUL",
+    )
+    assert_error(
+        api.post("/v1/agents", {"name": "a", "model": "m", "metadata": {"team": "x\x00"}}),
+        400,
+        "invalid_request_error",
+        mentions="'metadata.team' holds a NUL",
+    )
+    assert_error(
+        api.post(f"/v1/sessions/{session_id}", {"metadata": {"my key\x00": "v"}}),
+        400,
+        "invalid_request_error",
+        mentions="A key of 'metadata' (\"my key\\u0000\") holds a NUL",
+    )
+    assert_error(
+        api.post(f"/v1/sessions/{session_id}/sandboxes", {"sandbox_id": "sbx_\x00"}),
+        400,
+        "invalid_request_error",
+        mentions="'sandbox_id' holds a NUL",
+    )
     assert not Event.objects.filter(session_id=session_id).exists()
 
 
 @pytest.mark.parametrize("path", ["/v1/agents", "/v1/sessions/{session}/events"])
 def test_a_body_nested_200000_deep_is_a_400_in_the_envelope(api, path):
     session_id = new_session(api)
-    assert_error(api.post(path.format(session=session_id), raw=DEEP), 400, "invalid_request_error",
-                 mentions="nests too deeply to read; at most 64 levels")
+    assert_error(
+        api.post(path.format(session=session_id), raw=DEEP),
+        400,
+        "invalid_request_error",
+        mentions="nests too deeply to read; at most 64 levels",
+    )
     wrapped = b'{"events": ' + DEEP + b"}"
-    assert_error(api.post(path.format(session=session_id), raw=wrapped), 400, "invalid_request_error",
-                 mentions="nests too deeply")
+    assert_error(
+        api.post(path.format(session=session_id), raw=wrapped),
+        400,
+        "invalid_request_error",
+        mentions="nests too deeply",
+    )
 
 
 def test_a_body_deeper_than_64_levels_is_refused_where_it_goes_too_deep(api):
@@ -79,19 +121,30 @@ def test_a_body_deeper_than_64_levels_is_refused_where_it_goes_too_deep(api):
     for _ in range(64):
         nested = [nested]
     body = {"name": "a", "model": "m", "metadata": {"k": nested}}  # levels: body, metadata, then 64 arrays
-    assert_error(api.post("/v1/agents", body), 400, "invalid_request_error",
-                 mentions="nests more than 64 levels deep (at 'metadata.k" + "[0]" * 62 + "')")
-    body["metadata"] = {"k": nested[0][0]}  # 64 levels in all: the edge lets it through to the field's own check
-    assert_error(api.post("/v1/agents", body), 400, "invalid_request_error", mentions="'metadata.k' must be a string")
+    assert_error(
+        api.post("/v1/agents", body),
+        400,
+        "invalid_request_error",
+        mentions="nests more than 64 levels deep (at 'metadata.k" + "[0]" * 62 + "')",
+    )
+    body["metadata"] = {
+        "k": nested[0][0]
+    }  # 64 levels in all: the edge lets it through to the field's own check
+    assert_error(
+        api.post("/v1/agents", body), 400, "invalid_request_error", mentions="'metadata.k' must be a string"
+    )
 
 
 @pytest.mark.parametrize("path", ["/v1/sessions", "/v1/agents", "/v1/sessions/{session}/events"])
-@pytest.mark.parametrize("value, reason", [
-    ("2026-13-45T00:00:00Z", "month must be in 1..12"),
-    ("2026-02-30T00:00:00Z", "day is out of range for month"),
-    ("9999-12-31T23:59:59-23:59", "outside the years 1 to 9999 once in UTC"),
-    ("0001-01-01T00:00:00+23:59", "outside the years 1 to 9999 once in UTC"),
-])
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        ("2026-13-45T00:00:00Z", "month must be in 1..12"),
+        ("2026-02-30T00:00:00Z", "day is out of range for month"),
+        ("9999-12-31T23:59:59-23:59", "outside the years 1 to 9999 once in UTC"),
+        ("0001-01-01T00:00:00+23:59", "outside the years 1 to 9999 once in UTC"),
+    ],
+)
 def test_a_datetime_filter_that_is_no_real_time_is_a_400_naming_the_parameter(api, path, value, reason):
     session_id = new_session(api)
     for op in ("gt", "lte"):
@@ -100,10 +153,19 @@ def test_a_datetime_filter_that_is_no_real_time_is_a_400_naming_the_parameter(ap
         assert reason in body["error"]["message"]
 
 
-@pytest.mark.parametrize("path", [
-    "/v1/sessions/%00", "/v1/sessions/%00/events", "/v1/sessions/%00/events/stream", "/v1/sessions/%00/archive",
-    "/v1/sessions/%00/sandboxes", "/v1/agents/%00", "/v1/agents/%00/versions", "/v1/environments/%00",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/sessions/%00",
+        "/v1/sessions/%00/events",
+        "/v1/sessions/%00/events/stream",
+        "/v1/sessions/%00/archive",
+        "/v1/sessions/%00/sandboxes",
+        "/v1/agents/%00",
+        "/v1/agents/%00/versions",
+        "/v1/environments/%00",
+    ],
+)
 def test_a_nul_in_a_path_parameter_is_a_400_naming_it(api, path):
     response = api.get(path) if not path.endswith("archive") else api.post(path)
     assert_error(response, 400, "invalid_request_error", mentions="path parameter '")
@@ -115,18 +177,23 @@ def test_a_nul_in_a_sandbox_id_in_the_path_is_a_400(api):
     for suffix in ("", "/detach"):
         path = f"/v1/sessions/{session_id}/sandboxes/sbx_%00{suffix}"
         response = api.delete(path) if not suffix else api.post(path)
-        assert_error(response, 400, "invalid_request_error", mentions="path parameter 'sandbox_id' holds a NUL")
+        assert_error(
+            response, 400, "invalid_request_error", mentions="path parameter 'sandbox_id' holds a NUL"
+        )
 
 
-@pytest.mark.parametrize("path, query", [
-    ("/v1/sessions", {"agent_id": "\x00"}),
-    ("/v1/sessions", {"statuses[]": "idle\x00"}),
-    ("/v1/sessions", {"page": "\x00"}),
-    ("/v1/agents", {"limit": "1\x00"}),
-    ("/v1/sandboxes", {"free": "true\x00"}),
-    ("/v1/sessions/{session}/events", {"types[]": "user.message\x00"}),
-    ("/v1/sessions/{session}/events/stream", {"event_deltas[]": "agent.message\x00"}),
-])
+@pytest.mark.parametrize(
+    "path, query",
+    [
+        ("/v1/sessions", {"agent_id": "\x00"}),
+        ("/v1/sessions", {"statuses[]": "idle\x00"}),
+        ("/v1/sessions", {"page": "\x00"}),
+        ("/v1/agents", {"limit": "1\x00"}),
+        ("/v1/sandboxes", {"free": "true\x00"}),
+        ("/v1/sessions/{session}/events", {"types[]": "user.message\x00"}),
+        ("/v1/sessions/{session}/events/stream", {"event_deltas[]": "agent.message\x00"}),
+    ],
+)
 def test_a_nul_in_a_query_parameter_is_a_400_naming_it(api, path, query):
     session_id = new_session(api)
     [name] = query
@@ -135,8 +202,12 @@ def test_a_nul_in_a_query_parameter_is_a_400_naming_it(api, path, query):
 
 
 def test_a_nul_in_a_query_parameter_name_is_a_400(api):
-    assert_error(api.get("/v1/sessions", **{"agent\x00id": "x"}), 400, "invalid_request_error",
-                 mentions='query parameter name "agent\\u0000id" holds a NUL')
+    assert_error(
+        api.get("/v1/sessions", **{"agent\x00id": "x"}),
+        400,
+        "invalid_request_error",
+        mentions='query parameter name "agent\\u0000id" holds a NUL',
+    )
 
 
 @pytest.fixture
@@ -145,9 +216,16 @@ def operator(client):
     return client
 
 
-@pytest.mark.parametrize("path", [
-    "/sessions/%00/", "/sessions/%00/panel", "/sessions/%00/replay", "/agents/%00/", "/environments/%00/",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/sessions/%00/",
+        "/sessions/%00/panel",
+        "/sessions/%00/replay",
+        "/agents/%00/",
+        "/environments/%00/",
+    ],
+)
 def test_a_nul_in_a_ui_path_is_a_404_page(operator, path):
     response = operator.get(path)
     assert response.status_code == 404, response.content[:500]
@@ -170,8 +248,10 @@ def test_a_nul_in_a_ui_sandbox_id_is_a_404_and_a_nul_in_a_ui_filter_is_a_400(ope
 
 def test_the_error_names_the_exact_block_of_a_message_with_many(api):
     session_id = new_session(api)
-    message = {"type": "user.message", "content": [{"type": "text", "text": "fine"}] * 3
-               + [{"type": "text", "text": "bad \x00"}]}
+    message = {
+        "type": "user.message",
+        "content": [{"type": "text", "text": "fine"}] * 3 + [{"type": "text", "text": "bad \x00"}],
+    }
     response = send(api, session_id, body={"events": [user_message(), message]})
     assert_error(response, 400, "invalid_request_error", mentions="'events[1].content[3].text' holds a NUL")
     assert not Event.objects.filter(session_id=session_id).exists()
@@ -182,23 +262,32 @@ def test_the_real_server_answers_the_same_400s_in_the_envelope(live_server_url, 
     """Through Daphne, as an attacker's client sends them: a JSON error envelope, never an HTML error page."""
 
     def status_and_body(path: str, data: bytes | None = None) -> tuple[int, dict]:
-        request = urllib.request.Request(f"{live_server_url}{path}", data=data, headers={
-            "Authorization": f"Bearer {api_key}", "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{live_server_url}{path}",
+            data=data,
+            headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as error:
             return error.code, json.loads(error.read())
 
-    cases = [("/v1/agents", DEEP), ("/v1/sessions/%00", None), ("/v1/sessions?agent_id=%00", None),
-             ("/v1/sessions?created_at[gt]=9999-12-31T23:59:59-23:59", None),
-             ("/v1/agents", b'{"name": "hi \\ud800", "model": "m"}')]
+    cases = [
+        ("/v1/agents", DEEP),
+        ("/v1/sessions/%00", None),
+        ("/v1/sessions?agent_id=%00", None),
+        ("/v1/sessions?created_at[gt]=9999-12-31T23:59:59-23:59", None),
+        ("/v1/agents", b'{"name": "hi \\ud800", "model": "m"}'),
+    ]
     for path, data in cases:
         status, body = status_and_body(path, data)
         assert status == 400 and body["error"]["type"] == "invalid_request_error", (path, body)
 
 
-@pytest.mark.parametrize("path", ["/admin/agent_sessions/session/%00/change/", "/admin/sandboxes/environment/%00/change/"])
+@pytest.mark.parametrize(
+    "path", ["/admin/agent_sessions/session/%00/change/", "/admin/sandboxes/environment/%00/change/"]
+)
 def test_a_nul_in_an_admin_path_is_a_404_not_a_database_error(client, path):
     client.force_login(User.objects.create_superuser("root", password="x"))
     assert client.get(path).status_code == 404

@@ -25,7 +25,8 @@ def _message(text: str) -> dict:
 
 
 def test_a_retried_send_with_the_same_idempotency_key_returns_the_first_answer_and_appends_once(
-        client, api_key, session_id):
+    client, api_key, session_id
+):
     first = _post(client, api_key, f"/v1/sessions/{session_id}/events", _message("once"), key="retry-1")
     again = _post(client, api_key, f"/v1/sessions/{session_id}/events", _message("once"), key="retry-1")
     assert first.status_code == again.status_code == 200
@@ -45,7 +46,9 @@ def test_a_create_retried_with_its_key_makes_one_agent(client, api_key):
     assert first.json()["id"] == again.json()["id"] and Agent.objects.count() == 1
 
 
-def test_an_idempotency_key_reused_for_another_request_is_refused_and_changes_nothing(client, api_key, session_id):
+def test_an_idempotency_key_reused_for_another_request_is_refused_and_changes_nothing(
+    client, api_key, session_id
+):
     from harness.models import Agent
 
     _post(client, api_key, f"/v1/sessions/{session_id}/archive", {}, key="k")
@@ -86,7 +89,9 @@ def test_a_key_of_another_api_key_is_not_shared(client, api_key):
 
 
 def test_an_idempotency_key_that_is_not_printable_ascii_is_a_400(client, api_key):
-    response = _post(client, api_key, "/v1/agents", {"name": "a", "model": "claude-sonnet-5-5"}, key="x" * 256)
+    response = _post(
+        client, api_key, "/v1/agents", {"name": "a", "model": "claude-sonnet-5-5"}, key="x" * 256
+    )
     assert response.status_code == 400 and "Idempotency-Key" in response.json()["error"]["message"]
 
 
@@ -125,8 +130,13 @@ def test_the_sweeper_keeps_at_most_one_wake_queued_per_session(transactional_db,
     from harness.tasks import sweep
     from sessions.services.lifecycle import session_create
 
-    session = session_create({"agent": make_agent(), "environment_id": make_environment(), "initial_events": [
-        {"type": "user.message", "content": [{"type": "text", "text": "hello"}]}]})
+    session = session_create(
+        {
+            "agent": make_agent(),
+            "environment_id": make_environment(),
+            "initial_events": [{"type": "user.message", "content": [{"type": "text", "text": "hello"}]}],
+        }
+    )
     assert Session.objects.get(id=session.id).status == "running"
     long_ago = timezone.now() - timedelta(minutes=5)
     Session.objects.filter(id=session.id).update(updated_at=long_ago)
@@ -140,4 +150,6 @@ def test_the_sweeper_keeps_at_most_one_wake_queued_per_session(transactional_db,
     lease_release(lease, clean=False)
     Session.objects.filter(id=session.id).update(updated_at=long_ago)
     sweep()
-    assert _queued_wakes(redis_url, session.id) - before == 2, "once a brain took the lease, the sweeper queues again"
+    assert _queued_wakes(redis_url, session.id) - before == 2, (
+        "once a brain took the lease, the sweeper queues again"
+    )

@@ -21,8 +21,9 @@ def sdk(live_server_url, api_key, brain_worker, docker_engine):
 
 
 def _hands(live_server_url: str, api_key: str, session_id: str) -> list[dict]:
-    response = httpx.get(f"{live_server_url}/v1/sessions/{session_id}/sandboxes",
-                         headers={"x-api-key": api_key}, timeout=30)
+    response = httpx.get(
+        f"{live_server_url}/v1/sessions/{session_id}/sandboxes", headers={"x-api-key": api_key}, timeout=30
+    )
     assert response.status_code == 200, response.text
     return response.json()["data"]
 
@@ -31,10 +32,16 @@ def _wait_for_pool(live_server_url: str, api_key: str, environment_id: str, *, n
     """Until the environment's warm pool holds a ready sandbox other than `not_ids` (the refill is a task)."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        free = httpx.get(f"{live_server_url}/v1/sandboxes", params={"free": "true"},
-                         headers={"x-api-key": api_key}, timeout=30).json()["data"]
-        if any(s["environment_id"] == environment_id and s["status"] == "ready" and s["id"] not in not_ids
-               for s in free):
+        free = httpx.get(
+            f"{live_server_url}/v1/sandboxes",
+            params={"free": "true"},
+            headers={"x-api-key": api_key},
+            timeout=30,
+        ).json()["data"]
+        if any(
+            s["environment_id"] == environment_id and s["status"] == "ready" and s["id"] not in not_ids
+            for s in free
+        ):
             return
         time.sleep(0.2)
     raise AssertionError("the warm pool was not refilled within 120 s")
@@ -49,8 +56,12 @@ def test_a_detached_sandbox_is_not_handed_to_a_new_session_as_a_pooled_one(sdk, 
     events = turn(sdk, first.id, [say("/bash echo secret-of-A > /tmp/leak.txt && echo written")])
     assert "written" in of(events, "agent.tool_result")[0].content[0].text
     [held] = _hands(live_server_url, api_key, first.id)
-    detached = httpx.post(f"{live_server_url}/v1/sessions/{first.id}/sandboxes/{held['id']}/detach",
-                          headers={"x-api-key": api_key}, json={}, timeout=30)
+    detached = httpx.post(
+        f"{live_server_url}/v1/sessions/{first.id}/sandboxes/{held['id']}/detach",
+        headers={"x-api-key": api_key},
+        json={},
+        timeout=30,
+    )
     assert detached.status_code == 200, detached.text
     _wait_for_pool(live_server_url, api_key, env.id, not_ids={held["id"]})
 
@@ -61,9 +72,14 @@ def test_a_detached_sandbox_is_not_handed_to_a_new_session_as_a_pooled_one(sdk, 
     assert "secret-of-A" not in output, "session B read session A's file from a reused sandbox"
     [main] = _hands(live_server_url, api_key, second.id)
     assert main["name"] == "main" and main["id"] != held["id"]
-    logged = httpx.get(f"{live_server_url}/v1/sessions/{second.id}/events", params={"limit": 1000},
-                       headers={"x-api-key": api_key}, timeout=30).json()["data"]
+    logged = httpx.get(
+        f"{live_server_url}/v1/sessions/{second.id}/events",
+        params={"limit": 1000},
+        headers={"x-api-key": api_key},
+        timeout=30,
+    ).json()["data"]
     assert [e["sandbox_id"] for e in logged if e["type"] == "sandbox.provisioned"] == [main["id"]]
-    free = httpx.get(f"{live_server_url}/v1/sandboxes", params={"free": "true"},
-                     headers={"x-api-key": api_key}, timeout=30).json()["data"]
+    free = httpx.get(
+        f"{live_server_url}/v1/sandboxes", params={"free": "true"}, headers={"x-api-key": api_key}, timeout=30
+    ).json()["data"]
     assert held["id"] in {s["id"] for s in free}, "the detached sandbox stays free for an explicit attach"

@@ -16,8 +16,15 @@ import pytest
 from tests.conftest import ROOT, require
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
 PASSWORD = "a-long-operator-password"
 TOOLSET = [{"type": "agent_toolset_20260401"}]
@@ -80,7 +87,9 @@ def operator(transactional_db: Any) -> Any:
     return User.objects.create_user("operator", password=PASSWORD, is_staff=True)
 
 
-def log_in(page: Any, base_url: str, *, username: str = "operator", password: str = PASSWORD, then: str = "/") -> None:
+def log_in(
+    page: Any, base_url: str, *, username: str = "operator", password: str = PASSWORD, then: str = "/"
+) -> None:
     """Log in through the UI's own login page, landing on `then`."""
     page.goto(f"{base_url}{then}")
     page.fill("#id_username", username)

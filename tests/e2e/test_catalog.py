@@ -39,7 +39,8 @@ def test_an_api_key_is_shown_once_works_and_stops_working_when_revoked(page, liv
 
 
 def test_agents_and_environments_are_created_edited_and_archived_with_the_problem_named(
-        page, live_server_url, operator):
+    page, live_server_url, operator
+):
     base = live_server_url
     log_in(page, base, then="/agents/")
     expect(page.locator("tbody")).to_contain_text("No agents yet")
@@ -113,12 +114,22 @@ def test_every_page_fits_a_narrow_screen_and_says_when_it_is_empty(page, live_se
     page.set_viewport_size({"width": 390, "height": 800})
     log_in(page, base, then="/")
     expect(page.locator("#session-rows")).to_contain_text("No sessions yet")
-    expect(page.locator("#start-form")).to_contain_text("To start a session you need an agent and an environment")
+    expect(page.locator("#start-form")).to_contain_text(
+        "To start a session you need an agent and an environment"
+    )
     session_id = recorded_session(turns=3)
-    pages = {"sessions": "/", "session": f"/sessions/{session_id}/", "replay": f"/sessions/{session_id}/replay?slice=0:12",
-             "fork": f"/sessions/{session_id}/fork?at=4", "sandboxes": "/sandboxes/", "agents": "/agents/",
-             "agent-new": "/agents/new", "environments": "/environments/", "environment-new": "/environments/new",
-             "keys": "/keys/"}
+    pages = {
+        "sessions": "/",
+        "session": f"/sessions/{session_id}/",
+        "replay": f"/sessions/{session_id}/replay?slice=0:12",
+        "fork": f"/sessions/{session_id}/fork?at=4",
+        "sandboxes": "/sandboxes/",
+        "agents": "/agents/",
+        "agent-new": "/agents/new",
+        "environments": "/environments/",
+        "environment-new": "/environments/new",
+        "keys": "/keys/",
+    }
     for name, path in pages.items():
         page.goto(f"{base}{path}")
         width = page.evaluate("document.documentElement.scrollWidth")

@@ -24,10 +24,19 @@ def seqs(response) -> list[int]:
     return [int(seq) for seq in re.findall(r'data-seq="(\d+)"', response.content.decode())]
 
 
-@pytest.mark.parametrize(("query", "expected"), [("start=2&stop=5", [2, 3, 4]), ("start=-3", [7, 8, 9]),
-                                                 ("start=-3&stop=-1", [7, 8]), ("start=8&stop=50", [8, 9]),
-                                                 ("start=12", [])])
-def test_a_fragment_is_the_slice_with_python_semantics_and_says_how_it_resolved(operator_client, query, expected):
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("start=2&stop=5", [2, 3, 4]),
+        ("start=-3", [7, 8, 9]),
+        ("start=-3&stop=-1", [7, 8]),
+        ("start=8&stop=50", [8, 9]),
+        ("start=12", []),
+    ],
+)
+def test_a_fragment_is_the_slice_with_python_semantics_and_says_how_it_resolved(
+    operator_client, query, expected
+):
     session_id = make_session()
     for i in range(10):
         emit_event(session_id, {"type": "system.message", "content": [{"type": "text", "text": f"m{i}"}]})
@@ -36,7 +45,10 @@ def test_a_fragment_is_the_slice_with_python_semantics_and_says_how_it_resolved(
     assert seqs(response) == expected
     assert response["X-Session-Length"] == "10"
     if expected:
-        assert (int(response["X-Slice-Start"]), int(response["X-Slice-Stop"])) == (expected[0], expected[-1] + 1)
+        assert (int(response["X-Slice-Start"]), int(response["X-Slice-Stop"])) == (
+            expected[0],
+            expected[-1] + 1,
+        )
 
 
 def test_a_fragment_is_refused_without_an_operator_login_and_names_a_bad_bound(client, operator_client):
@@ -53,8 +65,10 @@ def test_a_fragment_is_refused_without_an_operator_login_and_names_a_bad_bound(c
 
 def test_a_tool_call_answered_after_its_slice_renders_without_its_buttons(operator_client):
     session_id = make_session()
-    call = emit_event(session_id, {"type": "agent.tool_use", "name": "bash", "input": {"command": "ls"},
-                                   "evaluated_permission": "ask"})
+    call = emit_event(
+        session_id,
+        {"type": "agent.tool_use", "name": "bash", "input": {"command": "ls"}, "evaluated_permission": "ask"},
+    )
     page = operator_client.get(f"/sessions/{session_id}/events?start=0&stop=1").content.decode()
     assert "Allow" in page
     emit_event(session_id, {"type": "user.tool_confirmation", "tool_use_id": call.uid, "result": "allow"})
@@ -62,7 +76,16 @@ def test_a_tool_call_answered_after_its_slice_renders_without_its_buttons(operat
     assert "Allow</button>" not in page and "The answer is further down" in page
 
 
-@pytest.mark.parametrize(("text", "bounds"), [("120:180", (120, 180)), ("-50:", (-50, None)), (":100", (None, 100)),
-                                              ("7", (7, 8)), ("-1", (-1, None)), ("", (None, None))])
+@pytest.mark.parametrize(
+    ("text", "bounds"),
+    [
+        ("120:180", (120, 180)),
+        ("-50:", (-50, None)),
+        (":100", (None, 100)),
+        ("7", (7, 8)),
+        ("-1", (-1, None)),
+        ("", (None, None)),
+    ],
+)
 def test_a_replay_slice_reads_like_python(text, bounds):
     assert parse_slice(text) == bounds

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_sandbox_passed_to_another_session_is_used_there_with_the_files_the_first_wrote(
-        page, live_server_url, brain_worker, operator, docker_engine):
+    page, live_server_url, brain_worker, operator, docker_engine
+):
     base = live_server_url
     agent_id, environment_id = make_agent(tools=TOOLSET), make_environment(name="docker")
     first = session_create({"agent": agent_id, "environment_id": environment_id, "title": "writer"}).id
@@ -39,7 +40,9 @@ def test_a_sandbox_passed_to_another_session_is_used_there_with_the_files_the_fi
     assert [hand.id for hand in held(second)] == [sandbox_id]
 
     page.goto(f"{base}/sessions/{second}/")
-    expect(page.locator('#timeline > .ev[data-type="sandbox.attached"]')).to_contain_text(f"passed from {first}")
+    expect(page.locator('#timeline > .ev[data-type="sandbox.attached"]')).to_contain_text(
+        f"passed from {first}"
+    )
     expect(page.locator("#panel .hand", has_text="main")).to_have_attribute("data-sandbox", sandbox_id)
     send(page, "/bash cat /workspace/note.txt")
     call = page.locator('#timeline > .ev[data-type="agent.tool_use"]').last

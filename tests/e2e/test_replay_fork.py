@@ -22,17 +22,36 @@ def recorded_session(turns: int = 6) -> str:
     """A session with a few recorded turns, each a message, a tool call, its result and an answer."""
     session_id = make_session()
     for turn in range(turns):
-        emit_event(session_id, {"type": "user.message", "content": [{"type": "text", "text": f"question {turn}"}]})
-        call = emit_event(session_id, {"type": "agent.tool_use", "name": "bash", "input": {"command": f"echo {turn}"},
-                                       "evaluated_permission": "allow"})
-        emit_event(session_id, {"type": "agent.tool_result", "tool_use_id": call.uid, "is_error": False,
-                                "content": [{"type": "text", "text": f"answer {turn}"}]})
-        emit_event(session_id, {"type": "agent.message", "content": [{"type": "text", "text": f"it is {turn}"}]})
+        emit_event(
+            session_id, {"type": "user.message", "content": [{"type": "text", "text": f"question {turn}"}]}
+        )
+        call = emit_event(
+            session_id,
+            {
+                "type": "agent.tool_use",
+                "name": "bash",
+                "input": {"command": f"echo {turn}"},
+                "evaluated_permission": "allow",
+            },
+        )
+        emit_event(
+            session_id,
+            {
+                "type": "agent.tool_result",
+                "tool_use_id": call.uid,
+                "is_error": False,
+                "content": [{"type": "text", "text": f"answer {turn}"}],
+            },
+        )
+        emit_event(
+            session_id, {"type": "agent.message", "content": [{"type": "text", "text": f"it is {turn}"}]}
+        )
     return session_id
 
 
 def test_a_replayed_slice_steps_and_plays_as_the_timeline_shows_it_and_forks_at_the_cursor(
-        page, live_server_url, operator):
+    page, live_server_url, operator
+):
     base = live_server_url
     session_id = recorded_session()
     log_in(page, base, then=f"/sessions/{session_id}/")
@@ -78,16 +97,20 @@ def test_a_replayed_slice_steps_and_plays_as_the_timeline_shows_it_and_forks_at_
 
 
 def test_a_fork_from_an_event_copies_the_log_before_it_and_a_brain_answers_in_the_fork(
-        page, live_server_url, brain_worker, operator):
+    page, live_server_url, brain_worker, operator
+):
     base = live_server_url
-    origin = session_create({"agent": make_agent(tools=TOOLSET), "environment_id": make_environment(),
-                             "title": "origin"}).id
+    origin = session_create(
+        {"agent": make_agent(tools=TOOLSET), "environment_id": make_environment(), "title": "origin"}
+    ).id
     log_in(page, base, then=f"/sessions/{origin}/")
     send(page, "first question")
     expect(page.locator(f'{SHOWN}[data-type="agent.message"]')).to_contain_text("You said: first question")
     expect(page.locator("#session-status")).to_have_text("idle")
     send(page, "second question")
-    expect(page.locator(f'{SHOWN}[data-type="agent.message"]').last).to_contain_text("You said: second question")
+    expect(page.locator(f'{SHOWN}[data-type="agent.message"]').last).to_contain_text(
+        "You said: second question"
+    )
 
     second = page.locator(f'{SHOWN}[data-type="user.message"]', has_text="second question")
     at = int(second.get_attribute("data-seq"))
@@ -109,5 +132,6 @@ def test_a_fork_from_an_event_copies_the_log_before_it_and_a_brain_answers_in_th
     expect(page.locator("#panel .brain")).to_contain_text("bash-only")
     send(page, "a different second question")
     expect(page.locator(f'{SHOWN}[data-type="agent.message"]').last).to_contain_text(
-        "You said: a different second question")
+        "You said: a different second question"
+    )
     screenshot(page, "fork-continued")

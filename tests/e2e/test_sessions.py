@@ -25,7 +25,9 @@ def streamed_lengths(page, *, until_final: int, timeout: float = 30) -> list[int
     lengths: list[int] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        length = page.evaluate("document.querySelector('#previews .ev.preview .text')?.textContent.length ?? -1")
+        length = page.evaluate(
+            "document.querySelector('#previews .ev.preview .text')?.textContent.length ?? -1"
+        )
         if length > 0 and (not lengths or lengths[-1] != length):
             lengths.append(length)
         if event(page, "agent.message").count() >= until_final:
@@ -35,7 +37,8 @@ def streamed_lengths(page, *, until_final: int, timeout: float = 30) -> list[int
 
 
 def test_an_operator_starts_a_session_sees_the_answer_stream_in_runs_a_tool_and_steers_the_brain(
-        page, live_server_url, brain_worker, offline_model, operator, docker_engine):
+    page, live_server_url, brain_worker, offline_model, operator, docker_engine
+):
     base = live_server_url
     agent_id = make_agent(name="coder", tools=TOOLSET)
     environment_id = make_environment(name="docker")
@@ -120,11 +123,18 @@ def test_an_operator_starts_a_session_sees_the_answer_stream_in_runs_a_tool_and_
 
 
 def test_a_tool_that_asks_is_allowed_or_denied_and_a_custom_tool_is_answered_from_the_page(
-        page, live_server_url, brain_worker, operator, docker_engine):
+    page, live_server_url, brain_worker, operator, docker_engine
+):
     base = live_server_url
-    tools = [{"type": "agent_toolset_20260401", "default_config": {"permission_policy": {"type": "always_ask"}}},
-             {"type": "custom", "name": "lookup", "description": "Look a word up.",
-              "input_schema": {"type": "object", "properties": {"word": {"type": "string"}}}}]
+    tools = [
+        {"type": "agent_toolset_20260401", "default_config": {"permission_policy": {"type": "always_ask"}}},
+        {
+            "type": "custom",
+            "name": "lookup",
+            "description": "Look a word up.",
+            "input_schema": {"type": "object", "properties": {"word": {"type": "string"}}},
+        },
+    ]
     agent_id = make_agent(tools=tools)
     from sessions.services.lifecycle import session_create
 

@@ -32,17 +32,33 @@ def long_session(length: int = LENGTH) -> str:
     for seq in range(length):
         epoch = 1 if seq < length // 2 else 2
         if seq % 10 == 3:
-            kind, payload = "agent.tool_use", {"name": "bash", "input": {"command": f"echo {seq}"},
-                                                "evaluated_permission": "allow"}
+            kind, payload = (
+                "agent.tool_use",
+                {"name": "bash", "input": {"command": f"echo {seq}"}, "evaluated_permission": "allow"},
+            )
         elif seq % 10 == 4:
-            kind, payload = "agent.tool_result", {"tool_use_id": f"sevt_call{seq - 1}", "is_error": False,
-                                                   "content": [{"type": "text", "text": f"output of {seq - 1}"}]}
+            kind, payload = (
+                "agent.tool_result",
+                {
+                    "tool_use_id": f"sevt_call{seq - 1}",
+                    "is_error": False,
+                    "content": [{"type": "text", "text": f"output of {seq - 1}"}],
+                },
+            )
         else:
             kind = "user.message" if seq % 2 else "agent.message"
             payload = {"content": [{"type": "text", "text": f"event {seq}"}]}
-        events.append(Event(uid=f"sevt_call{seq}" if kind == "agent.tool_use" else new_id("sevt"),
-                            session_id=session_id, seq=seq, type=kind, payload=payload,
-                            processed_at=start + timedelta(seconds=seq), lease_epoch=epoch))
+        events.append(
+            Event(
+                uid=f"sevt_call{seq}" if kind == "agent.tool_use" else new_id("sevt"),
+                session_id=session_id,
+                seq=seq,
+                type=kind,
+                payload=payload,
+                processed_at=start + timedelta(seconds=seq),
+                lease_epoch=epoch,
+            )
+        )
     Event.objects.bulk_create(events, batch_size=2000)
     Session.objects.filter(id=session_id).update(next_seq=length)
     return session_id
@@ -53,7 +69,8 @@ def seq_of(page, expression: str) -> int:
 
 
 def test_scrolling_up_a_10000_event_session_loads_earlier_slices_and_keeps_the_page_bounded(
-        page, live_server_url, operator):
+    page, live_server_url, operator
+):
     session_id = long_session()
     log_in(page, live_server_url, then=f"/sessions/{session_id}/")
     expect(page.locator(f"#seq-{LENGTH - 1}")).to_be_in_viewport()
@@ -100,7 +117,8 @@ def test_scrolling_up_a_10000_event_session_loads_earlier_slices_and_keeps_the_p
 
 
 def test_following_a_live_session_keeps_few_nodes_and_scrolling_up_brings_the_rest_back(
-        page, live_server_url, operator):
+    page, live_server_url, operator
+):
     session_id = make_session()
     log_in(page, live_server_url, then=f"/sessions/{session_id}/")
     page.wait_for_function("window.workbenchTimeline?.socket?.readyState === 1")
@@ -123,4 +141,3 @@ def test_following_a_live_session_keeps_few_nodes_and_scrolling_up_brings_the_re
         page.wait_for_function(f"Number({FIRST}) < {first}")
     expect(page.locator("#seq-0")).to_be_attached()
     assert page.locator("#timeline > .ev").count() == 150, "scrolled up, the page keeps up to 600 again"
-

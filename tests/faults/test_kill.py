@@ -39,7 +39,6 @@ TURN_SECONDS = 30.0
 STRANDED_SECONDS = 3.0  # six sweeps
 
 
-
 def lease_epoch(session_id: str) -> int:
     return Session.objects.values_list("lease_epoch", flat=True).get(id=session_id)
 

@@ -22,7 +22,9 @@ def session_with(**agent) -> str:
 
 
 def say(session_id: str, text: str) -> None:
-    session_send_events(session_id, {"events": [{"type": "user.message", "content": [{"type": "text", "text": text}]}]})
+    session_send_events(
+        session_id, {"events": [{"type": "user.message", "content": [{"type": "text", "text": text}]}]}
+    )
 
 
 def log(session_id: str) -> list:
@@ -34,7 +36,9 @@ def test_a_tool_the_agent_does_not_have_becomes_an_error_result(model_url):
     say(session_id, '/tool launch_rockets {"count": 3}')
     assert run_brain(session_id) == "idle"
     [result] = [e for e in log(session_id) if e.type == "agent.tool_result"]
-    assert result.payload["is_error"] and "Unknown tool 'launch_rockets'" in result.payload["content"][0]["text"]
+    assert (
+        result.payload["is_error"] and "Unknown tool 'launch_rockets'" in result.payload["content"][0]["text"]
+    )
     assert log(session_id)[-1].type == "session.status_idle"
 
 
@@ -43,8 +47,10 @@ def test_tool_input_that_fails_its_schema_becomes_an_error_result(model_url):
     say(session_id, '/tool read {"view_range": [1, 2]}')
     run_brain(session_id)
     [result] = [e for e in log(session_id) if e.type == "agent.tool_result"]
-    assert result.payload["is_error"] and "missing the required field 'file_path'" in result.payload["content"][0][
-        "text"]
+    assert (
+        result.payload["is_error"]
+        and "missing the required field 'file_path'" in result.payload["content"][0]["text"]
+    )
 
 
 def test_a_stream_cut_off_midway_is_retried_and_recorded_once(model_url):
@@ -130,7 +136,10 @@ def test_the_window_strategy_shows_the_model_a_slice_and_changes_no_event(model_
         run_brain(session_id)
     events = log(session_id)
     assert [m.payload["content"][0]["text"] for m in events if m.type == "agent.message"] == [
-        "You said: one", "You said: two", "You said: three"]
+        "You said: one",
+        "You said: two",
+        "You said: three",
+    ]
     assert [e.seq for e in events] == list(range(len(events)))
 
 
@@ -143,7 +152,8 @@ def test_compaction_summarises_older_events_and_keeps_them(model_url):
     compacted = [e for e in events if e.type == "agent.thread_context_compacted"]
     assert compacted and compacted[0].payload["summary"].startswith("You said: Summarise")
     assert [e.payload["content"][0]["text"] for e in events if e.type == "user.message"] == [
-        f"message {i}" for i in range(4)]
+        f"message {i}" for i in range(4)
+    ]
 
 
 def test_a_later_wake_reads_only_new_events_and_folds_the_same_state_as_a_fresh_read(model_url):

@@ -13,8 +13,12 @@ import pytest
 pytestmark = pytest.mark.server
 
 TOOLSET = {"type": "agent_toolset_20260401"}
-LOOKUP = {"type": "custom", "name": "lookup", "description": "Look a word up.",
-          "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}
+LOOKUP = {
+    "type": "custom",
+    "name": "lookup",
+    "description": "Look a word up.",
+    "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+}
 
 
 @pytest.fixture
@@ -42,7 +46,8 @@ def turn(sdk, session_id: str, events: list[dict], *, stop_on_action: bool = Tru
             if during is not None:
                 during(event)
             if event.type == "session.status_idle" and (
-                    stop_on_action or event.stop_reason.type != "requires_action"):
+                stop_on_action or event.stop_reason.type != "requires_action"
+            ):
                 return collected
     raise AssertionError("the stream ended before the session went idle")
 
@@ -75,26 +80,50 @@ def test_a_custom_tool_round_trip_waits_for_the_client(sdk, environment):
     [use] = of(events, "agent.custom_tool_use")
     assert use.name == "lookup" and use.input == {"q": "otter"}
     assert events[-1].stop_reason.type == "requires_action" and events[-1].stop_reason.event_ids == [use.id]
-    events = turn(sdk, session_id, [{"type": "user.custom_tool_result", "custom_tool_use_id": use.id,
-                                     "content": [{"type": "text", "text": "a water weasel"}]}])
+    events = turn(
+        sdk,
+        session_id,
+        [
+            {
+                "type": "user.custom_tool_result",
+                "custom_tool_use_id": use.id,
+                "content": [{"type": "text", "text": "a water weasel"}],
+            }
+        ],
+    )
     assert events[-1].stop_reason.type == "end_turn"
     assert "a water weasel" in of(events, "agent.message")[-1].content[0].text
 
 
 def test_a_tool_that_asks_runs_on_allow_and_returns_the_message_on_deny(sdk, environment):
-    asking = {"type": "agent_toolset_20260401", "default_config": {"permission_policy": {"type": "always_ask"}}}
+    asking = {
+        "type": "agent_toolset_20260401",
+        "default_config": {"permission_policy": {"type": "always_ask"}},
+    }
     session_id = new_session(sdk, environment, tools=[asking])
     events = turn(sdk, session_id, [say("/bash echo allowed")])
     [use] = of(events, "agent.tool_use")
     assert use.evaluated_permission == "ask" and events[-1].stop_reason.event_ids == [use.id]
-    events = turn(sdk, session_id, [{"type": "user.tool_confirmation", "tool_use_id": use.id, "result": "allow"}])
+    events = turn(
+        sdk, session_id, [{"type": "user.tool_confirmation", "tool_use_id": use.id, "result": "allow"}]
+    )
     assert of(events, "agent.tool_result")[0].content[0].text == "allowed"
     assert events[-1].stop_reason.type == "end_turn"
 
     events = turn(sdk, session_id, [say("/bash rm -rf /workspace")])
     [use] = of(events, "agent.tool_use")
-    events = turn(sdk, session_id, [{"type": "user.tool_confirmation", "tool_use_id": use.id, "result": "deny",
-                                     "deny_message": "Not on my watch."}])
+    events = turn(
+        sdk,
+        session_id,
+        [
+            {
+                "type": "user.tool_confirmation",
+                "tool_use_id": use.id,
+                "result": "deny",
+                "deny_message": "Not on my watch.",
+            }
+        ],
+    )
     [result] = of(events, "agent.tool_result")
     assert result.is_error and result.content[0].text == "Not on my watch."
     assert events[-1].stop_reason.type == "end_turn"
@@ -130,12 +159,17 @@ def test_an_overloaded_model_is_retried_and_the_turn_completes(sdk, environment,
     assert events[-1].stop_reason.type == "end_turn"
 
 
-def test_switching_the_harness_between_turns_changes_the_next_turn(sdk, environment, live_server_url, api_key):
+def test_switching_the_harness_between_turns_changes_the_next_turn(
+    sdk, environment, live_server_url, api_key
+):
     session_id = new_session(sdk, environment, tools=[TOOLSET])
     events = turn(sdk, session_id, [say('/tool write {"file_path": "notes.txt", "content": "kept"}')])
     assert not of(events, "agent.tool_result")[0].is_error
-    switched = httpx.post(f"{live_server_url}/v1/sessions/{session_id}", json={"harness": "bash-only"},
-                          headers={"Authorization": f"Bearer {api_key}"})
+    switched = httpx.post(
+        f"{live_server_url}/v1/sessions/{session_id}",
+        json={"harness": "bash-only"},
+        headers={"Authorization": f"Bearer {api_key}"},
+    )
     assert switched.status_code == 200, switched.text
     events = turn(sdk, session_id, [say('/tool read {"file_path": "notes.txt"}\n/bash cat notes.txt')])
     results = of(events, "agent.tool_result")

@@ -31,7 +31,9 @@ def new_session(**agent) -> str:
 
 
 def say(session_id: str, text: str) -> None:
-    session_send_events(session_id, {"events": [{"type": "user.message", "content": [{"type": "text", "text": text}]}]})
+    session_send_events(
+        session_id, {"events": [{"type": "user.message", "content": [{"type": "text", "text": text}]}]}
+    )
 
 
 def turn(session_id: str, text: str) -> list:
@@ -43,11 +45,17 @@ def turn(session_id: str, text: str) -> list:
 
 def assert_ended_well(events: list) -> None:
     assert not [e.payload["error"] for e in events if e.type == "session.error"]
-    assert events[-1].type == "session.status_idle" and events[-1].payload["stop_reason"] == {"type": "end_turn"}
+    assert events[-1].type == "session.status_idle" and events[-1].payload["stop_reason"] == {
+        "type": "end_turn"
+    }
 
 
 def results(events: list) -> list[tuple[str, bool]]:
-    return [(e.payload["content"][0]["text"], e.payload["is_error"]) for e in events if e.type == "agent.tool_result"]
+    return [
+        (e.payload["content"][0]["text"], e.payload["is_error"])
+        for e in events
+        if e.type == "agent.tool_result"
+    ]
 
 
 @pytest.mark.parametrize("escape", ["\\u0000", "\\ud800"])
@@ -55,7 +63,9 @@ def test_a_tool_input_the_database_or_the_model_cannot_take_is_stored_spelled_ou
     """The model's own output: `/tool write` with a NUL (PostgreSQL's DataError on every wake) or an unpaired
     surrogate (on SQLite, every later model request failed to encode) in its input."""
     session_id = new_session(tools=TOOLSET)
-    events = turn(session_id, f'/tool write {{"file_path": "n.txt", "content": "a{escape}b"}}\n/bash cat n.txt')
+    events = turn(
+        session_id, f'/tool write {{"file_path": "n.txt", "content": "a{escape}b"}}\n/bash cat n.txt'
+    )
     assert_ended_well(events)
     [write] = [e for e in events if e.type == "agent.tool_use" and e.payload["name"] == "write"]
     assert write.payload["input"]["content"] == f"a{escape}b"  # the six characters, not the one
@@ -69,11 +79,16 @@ def test_tool_results_with_a_nul_or_a_file_name_that_is_not_utf8_are_stored_spel
     """`read` shows a NUL past the part it sniffs for binary files, and lists a name with a byte that is not
     UTF-8 as an unpaired surrogate (Python's surrogateescape)."""
     session_id = new_session(tools=TOOLSET)
-    events = turn(session_id, "\n".join([
-        r"/bash printf '%9000s\n' x > big.txt && printf 'tail\0end\n' >> big.txt && touch $'\xff.txt'",
-        '/tool read {"file_path": "big.txt", "view_range": [2, 2]}',
-        '/tool read {"file_path": "."}',
-    ]))
+    events = turn(
+        session_id,
+        "\n".join(
+            [
+                r"/bash printf '%9000s\n' x > big.txt && printf 'tail\0end\n' >> big.txt && touch $'\xff.txt'",
+                '/tool read {"file_path": "big.txt", "view_range": [2, 2]}',
+                '/tool read {"file_path": "."}',
+            ]
+        ),
+    )
     assert_ended_well(events)
     [_, (line, _), (listing, _)] = results(events)
     assert line.endswith("tail\\u0000end")
@@ -114,8 +129,15 @@ def test_a_log_no_brain_can_fold_is_parked_idle_not_left_running(model_url):
     """An event of a shape the fold trips on (`model_usage` a list). The fold was outside the wake's guard:
     every wake raised holding the lease, the crash limit never parked, and the session stayed running."""
     session_id = new_session()
-    emit_event(session_id, {"type": "span.model_request_end", "model_request_start_id": "sevt_x",
-                            "is_error": False, "model_usage": ["not", "a", "mapping"]})
+    emit_event(
+        session_id,
+        {
+            "type": "span.model_request_end",
+            "model_request_start_id": "sevt_x",
+            "is_error": False,
+            "model_usage": ["not", "a", "mapping"],
+        },
+    )
     say(session_id, "hello")
     with override_settings(WAKE_CRASH_LIMIT=2):
         for _ in range(2):

@@ -34,19 +34,26 @@ def brains(offline_model, docker_engine):
 
 
 def new_session(environment_id: str | None = None) -> str:
-    return session_create({"agent": make_agent(tools=TOOLSET),
-                           "environment_id": environment_id or make_environment()}).id
+    return session_create(
+        {"agent": make_agent(tools=TOOLSET), "environment_id": environment_id or make_environment()}
+    ).id
 
 
 def turn(session_id: str, text: str) -> list:
     before = len(get_events(session_id))
-    session_send_events(session_id, {"events": [{"type": "user.message", "content": [{"type": "text", "text": text}]}]})
+    session_send_events(
+        session_id, {"events": [{"type": "user.message", "content": [{"type": "text", "text": text}]}]}
+    )
     assert run_brain(session_id) == "idle"
     return get_events(session_id, before)
 
 
 def results(events: list) -> list[tuple[str, bool]]:
-    return [(e.payload["content"][0]["text"], e.payload["is_error"]) for e in events if e.type == "agent.tool_result"]
+    return [
+        (e.payload["content"][0]["text"], e.payload["is_error"])
+        for e in events
+        if e.type == "agent.tool_result"
+    ]
 
 
 def test_a_session_that_never_calls_a_tool_never_provisions(brains, docker_engine):
@@ -95,9 +102,12 @@ def test_a_transfer_keeps_files_and_a_background_process_alive(brains, api):
 
 def test_a_brain_holds_several_named_hands_and_can_pass_one(brains):
     session_id, other = new_session(), new_session()
-    events = turn(session_id, '/bash touch only-in-main; ls\n/tool provision_sandbox {"name": "build"}\n'
-                              '/tool bash {"command": "ls; echo listed", "sandbox": "build"}\n'
-                              '/tool bash {"command": "true", "sandbox": "nope"}')
+    events = turn(
+        session_id,
+        '/bash touch only-in-main; ls\n/tool provision_sandbox {"name": "build"}\n'
+        '/tool bash {"command": "ls; echo listed", "sandbox": "build"}\n'
+        '/tool bash {"command": "true", "sandbox": "nope"}',
+    )
     (main_files, _), (provisioned, _), (build_files, _), (missing, missing_error) = results(events)
     assert main_files == "only-in-main" and build_files == "listed"
     assert "Provisioned sandbox 'build'" in provisioned
@@ -105,9 +115,13 @@ def test_a_brain_holds_several_named_hands_and_can_pass_one(brains):
     assert [hand.name for hand in held(session_id)] == ["main", "build"]
     events = turn(session_id, f'/tool transfer_sandbox {{"name": "build", "to_session": "{other}"}}')
     [use] = [e for e in events if e.type == "agent.tool_use"]
-    assert use.payload["evaluated_permission"] == "ask" and not results(events), "a transfer waits for the user"
-    session_send_events(session_id, {"events": [
-        {"type": "user.tool_confirmation", "tool_use_id": use.uid, "result": "allow"}]})
+    assert use.payload["evaluated_permission"] == "ask" and not results(events), (
+        "a transfer waits for the user"
+    )
+    session_send_events(
+        session_id,
+        {"events": [{"type": "user.tool_confirmation", "tool_use_id": use.uid, "result": "allow"}]},
+    )
     assert run_brain(session_id) == "idle"
     assert not results(get_events(session_id, use.seq))[0][1]
     assert [hand.name for hand in held(other)] == ["build"]
@@ -144,7 +158,9 @@ def test_the_warm_pool_hands_out_a_ready_sandbox_and_refills(brains):
     assert Sandbox.objects.filter(session__isnull=True, status="ready").count() == 1
 
 
-def test_the_reaper_running_while_the_pool_refills_leaves_the_new_containers_alone(brains, docker_engine, monkeypatch):
+def test_the_reaper_running_while_the_pool_refills_leaves_the_new_containers_alone(
+    brains, docker_engine, monkeypatch
+):
     import threading
 
     from sandboxes import hands
@@ -170,17 +186,28 @@ def test_the_reaper_running_while_the_pool_refills_leaves_the_new_containers_alo
     assert pool_refill(environment_id) == 1
     monkeypatch.setattr(hands, "provider_of", real)
     [pooled] = Sandbox.objects.filter(environment_id=environment_id, session__isnull=True, status="ready")
-    assert docker_engine.containers.get(pooled.handle).status == "running", "the reaper removed the pool's container"
+    assert docker_engine.containers.get(pooled.handle).status == "running", (
+        "the reaper removed the pool's container"
+    )
 
 
 def test_no_container_is_left_behind_after_a_worker_dies_mid_call_and_the_reaper_runs(brains, docker_engine):
     session_id = new_session()
-    session_send_events(session_id, {"events": [{"type": "user.message", "content": [
-        {"type": "text", "text": "/bash sleep 60"}]}]})
+    session_send_events(
+        session_id,
+        {"events": [{"type": "user.message", "content": [{"type": "text", "text": "/bash sleep 60"}]}]},
+    )
     env = child_env(ANTHROPIC_BASE_URL=brains.base_url, SANDBOX_PROVIDER="docker")
-    worker = subprocess.Popen([sys.executable, "-c", f"import django; django.setup(); "
-                               f"from harness.brain import run_brain; run_brain({session_id!r})"],
-                              cwd=ROOT, env=env, start_new_session=True)
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import django; django.setup(); from harness.brain import run_brain; run_brain({session_id!r})",
+        ],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while not held(session_id):  # the call's sandbox is up, so the call is running in it
         assert time.monotonic() < deadline and worker.poll() is None
@@ -190,21 +217,39 @@ def test_no_container_is_left_behind_after_a_worker_dies_mid_call_and_the_reaper
     worker.wait()
     labelled = docker_engine.containers.list(filters={"label": "workbench.managed=true"})
     assert any(c.labels.get("workbench.sandbox") == held(session_id)[0].id for c in labelled)
-    orphan = docker_engine.containers.run("workbench-sandbox:latest", "sleep 300", detach=True,
-                                   labels={"workbench.managed": "true", "workbench.sandbox": "sbx_nobody",
-                                           "workbench.environment": "env_orphan",
-                                           "workbench.deployment": settings.WORKBENCH_DEPLOYMENT})
-    elsewhere = docker_engine.containers.run("workbench-sandbox:latest", "sleep 300", detach=True,
-                                      labels={"workbench.managed": "true", "workbench.sandbox": "sbx_theirs",
-                                              "workbench.environment": "env_theirs",
-                                              "workbench.deployment": "another-deployment"})
+    orphan = docker_engine.containers.run(
+        "workbench-sandbox:latest",
+        "sleep 300",
+        detach=True,
+        labels={
+            "workbench.managed": "true",
+            "workbench.sandbox": "sbx_nobody",
+            "workbench.environment": "env_orphan",
+            "workbench.deployment": settings.WORKBENCH_DEPLOYMENT,
+        },
+    )
+    elsewhere = docker_engine.containers.run(
+        "workbench-sandbox:latest",
+        "sleep 300",
+        detach=True,
+        labels={
+            "workbench.managed": "true",
+            "workbench.sandbox": "sbx_theirs",
+            "workbench.environment": "env_theirs",
+            "workbench.deployment": "another-deployment",
+        },
+    )
     session_archive(session_id)
     assert len(reap_idle()) == 1
     reap_orphans(("docker",))
-    remaining = [c.labels.get("workbench.sandbox") for c in
-                 docker_engine.containers.list(all=True, filters={"label": "workbench.managed=true"})]
+    remaining = [
+        c.labels.get("workbench.sandbox")
+        for c in docker_engine.containers.list(all=True, filters={"label": "workbench.managed=true"})
+    ]
     assert orphan.id not in [c.id for c in docker_engine.containers.list(all=True)]
-    assert elsewhere.id in [c.id for c in docker_engine.containers.list(all=True)], "another deployment's is kept"
+    assert elsewhere.id in [c.id for c in docker_engine.containers.list(all=True)], (
+        "another deployment's is kept"
+    )
     elsewhere.remove(force=True)
     assert not [s for s in remaining if s and Sandbox.objects.filter(id=s, session_id=session_id).exists()]
 
@@ -219,14 +264,22 @@ def test_a_provider_that_is_down_gives_an_error_result_and_the_session_goes_idle
     assert get_events(session_id)[-1].type == "session.status_idle"
 
 
-def test_a_session_repository_is_cloned_into_its_sandbox_before_the_first_call_in_coupled_mode(brains, tmp_path):
+def test_a_session_repository_is_cloned_into_its_sandbox_before_the_first_call_in_coupled_mode(
+    brains, tmp_path
+):
     make_repository(tmp_path / "served" / "origin.git", {"README.md": "hello from the repository\n"})
     environment_id = make_environment(config={"type": "cloud", "sandbox": {"provisioning": "eager"}})
-    with git_http_server(tmp_path / "served") as server, override_settings(REPOSITORY_PLAIN_HOSTS=["127.0.0.1"]):
-        repositories = [{"type": "github_repository", "url": server.url("origin.git"), "mount_path": "/workspace/app"},
-                        {"type": "github_repository", "url": server.url("missing.git")}]
-        session_id = session_create({"agent": make_agent(tools=TOOLSET), "environment_id": environment_id,
-                                     "resources": repositories}).id
+    with (
+        git_http_server(tmp_path / "served") as server,
+        override_settings(REPOSITORY_PLAIN_HOSTS=["127.0.0.1"]),
+    ):
+        repositories = [
+            {"type": "github_repository", "url": server.url("origin.git"), "mount_path": "/workspace/app"},
+            {"type": "github_repository", "url": server.url("missing.git")},
+        ]
+        session_id = session_create(
+            {"agent": make_agent(tools=TOOLSET), "environment_id": environment_id, "resources": repositories}
+        ).id
         events = turn(session_id, "/bash cat app/README.md; git -C app log --oneline | wc -l; stat -c %U app")
     kinds = [e.type for e in events]
     assert kinds.index("sandbox.provisioned") < kinds.index("span.model_request_start")

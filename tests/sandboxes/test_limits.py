@@ -221,11 +221,15 @@ def test_the_api_refuses_a_hand_over_the_installation_cap_with_a_400(brains, doc
 
 
 @pytest.mark.django_db(transaction=True)
-def test_attaching_or_transferring_into_a_session_at_its_cap_is_refused_and_moves_nothing(brains, docker_engine, api):
+def test_attaching_or_transferring_into_a_session_at_its_cap_is_refused_and_moves_nothing(
+    brains, docker_engine, api
+):
     full, giver = new_session(max_sandboxes=1), new_session()
     assert api.post(f"/v1/sessions/{full}/sandboxes", {"name": "only"}).status_code == 200
     given = api.post(f"/v1/sessions/{giver}/sandboxes", {"name": "spare"}).json()
-    refused = refusal(api.post(f"/v1/sessions/{giver}/sandboxes/{given['id']}/transfer", {"to_session": full}))
+    refused = refusal(
+        api.post(f"/v1/sessions/{giver}/sandboxes/{given['id']}/transfer", {"to_session": full})
+    )
     assert "as many sandboxes as it may (1: " in refused
     assert api.post(f"/v1/sessions/{giver}/sandboxes/{given['id']}/detach").status_code == 200
     refused = refusal(api.post(f"/v1/sessions/{full}/sandboxes", {"sandbox_id": given["id"]}))
@@ -242,8 +246,13 @@ def test_a_name_made_free_for_an_arriving_hand_still_fits_the_name_column():
     environment = Sandbox._meta.get_field("environment").related_model.objects.first()
     longest = "x" * 64
     for name in (longest, longest[:62] + "-2"):
-        Sandbox.objects.create(environment=environment, session_id=session_id, name=name, provider="docker",
-                               status=Sandbox.Status.READY)
+        Sandbox.objects.create(
+            environment=environment,
+            session_id=session_id,
+            name=name,
+            provider="docker",
+            status=Sandbox.Status.READY,
+        )
     chosen = _free_name(session_id, longest)
     assert len(chosen) <= 64 and chosen == longest[:62] + "-3"
 
@@ -317,8 +326,11 @@ class _EngineWithoutQuotas(docker.APIClient):
     def create_container(self, *args: Any, **kwargs: Any) -> Any:
         response = requests.Response()
         response.status_code = 500
-        raise docker.errors.APIError("500 Server Error", response=response, explanation=(
-            "--storage-opt is supported only for overlay over xfs with 'pquota' mount option"))
+        raise docker.errors.APIError(
+            "500 Server Error",
+            response=response,
+            explanation=("--storage-opt is supported only for overlay over xfs with 'pquota' mount option"),
+        )
 
 
 def test_an_engine_that_cannot_enforce_the_quota_refuses_to_provision_and_says_what_to_do():

@@ -12,7 +12,9 @@ def main(session_id: str, writer: int, count: int) -> None:
     from sessions.services import emit_event
 
     for i in range(count):
-        emit_event(session_id, {"type": "system.message", "content": [{"type": "text", "text": f"w{writer}-{i}"}]})
+        emit_event(
+            session_id, {"type": "system.message", "content": [{"type": "text", "text": f"w{writer}-{i}"}]}
+        )
 
 
 if __name__ == "__main__":

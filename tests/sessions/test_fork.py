@@ -26,8 +26,14 @@ def test_a_fork_copies_the_first_n_events_and_records_its_origin(api, session_id
     assert len(get_events(session_id)) == 6
 
 
-@pytest.mark.parametrize(("body", "mentions"), [({"at_seq": 99}, "from 0 to 0"), ({}, "'at_seq' is required"),
-                                                ({"at_seq": 0, "harness": "nope"}, "'harness' must be one of")])
+@pytest.mark.parametrize(
+    ("body", "mentions"),
+    [
+        ({"at_seq": 99}, "from 0 to 0"),
+        ({}, "'at_seq' is required"),
+        ({"at_seq": 0, "harness": "nope"}, "'harness' must be one of"),
+    ],
+)
 def test_a_bad_fork_is_refused_and_creates_nothing(api, session_id, body, mentions):
     response = api.post(f"/v1/sessions/{session_id}/fork", body)
     assert response.status_code == 400 and mentions in response.json()["error"]["message"]

@@ -78,19 +78,43 @@ def test_the_orm_refuses_to_update_or_delete_events(session_id):
 @pytest.mark.postgres
 @pytest.mark.django_db
 def test_postgres_trigger_refuses_raw_updates_and_deletes(session_id):
-    require(on_postgres(), "the append-only trigger exists on PostgreSQL only; run with DATABASE_URL=postgres://…")
+    require(
+        on_postgres(), "the append-only trigger exists on PostgreSQL only; run with DATABASE_URL=postgres://…"
+    )
     from django.db import DatabaseError
 
     event = emit_event(session_id, message("fixed"))
-    for sql in ("UPDATE agent_sessions_event SET type = 'x' WHERE id = %s",
-                "DELETE FROM agent_sessions_event WHERE id = %s"):
-        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+    for sql in (
+        "UPDATE agent_sessions_event SET type = 'x' WHERE id = %s",
+        "DELETE FROM agent_sessions_event WHERE id = %s",
+    ):
+        with (
+            pytest.raises(DatabaseError, match="append-only"),
+            transaction.atomic(),
+            connection.cursor() as cursor,
+        ):
             cursor.execute(sql, [event.pk])
     assert Event.objects.get(pk=event.pk).type == "system.message"
 
 
-SLICES = [(None, None), (0, 5), (3, 7), (-3, None), (None, -3), (-5, -2), (5, 3), (-100, 2), (8, 100), (10, None),
-          (-1, None), (0, 0), (100, 200), (-10, None), (2, -2), (None, 100)]
+SLICES = [
+    (None, None),
+    (0, 5),
+    (3, 7),
+    (-3, None),
+    (None, -3),
+    (-5, -2),
+    (5, 3),
+    (-100, 2),
+    (8, 100),
+    (10, None),
+    (-1, None),
+    (0, 0),
+    (100, 200),
+    (-10, None),
+    (2, -2),
+    (None, 100),
+]
 
 
 @pytest.mark.django_db
@@ -134,15 +158,20 @@ def test_sixteen_processes_appending_to_one_session_give_gapless_seqs():
     session_id = make_session()
     writers, each = 16, 500
     processes = [
-        subprocess.Popen([sys.executable, "-m", "tests.sessions.emitter", session_id, str(w), str(each)],
-                         cwd=ROOT, env=child_env())
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.sessions.emitter", session_id, str(w), str(each)],
+            cwd=ROOT,
+            env=child_env(),
+        )
         for w in range(writers)
     ]
     assert [p.wait(timeout=600) for p in processes] == [0] * writers
     seqs = list(Event.objects.filter(session_id=session_id).order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(writers * each))
-    texts = {p["content"][0]["text"] for p in Event.objects.filter(session_id=session_id).values_list(
-        "payload", flat=True)}
+    texts = {
+        p["content"][0]["text"]
+        for p in Event.objects.filter(session_id=session_id).values_list("payload", flat=True)
+    }
     assert len(texts) == writers * each
     assert Session.objects.get(id=session_id).next_seq == writers * each
 
@@ -190,10 +219,14 @@ def check_a_users_append_sets_status_and_a_closed_session_refuses_it() -> None:
     from sessions.services import emit_events
 
     session_id = make_session()
-    sent = emit_events(session_id, [(message("a"), None), (message("b"), None)], status="running", open_only=True)
+    sent = emit_events(
+        session_id, [(message("a"), None), (message("b"), None)], status="running", open_only=True
+    )
     assert [e.seq for e in sent] == [0, 1] and Session.objects.get(id=session_id).status == "running"
-    for field, value, state in (("archived_at", "2026-01-01T00:00:00Z", "archived"),
-                                ("status", "terminated", "terminated")):
+    for field, value, state in (
+        ("archived_at", "2026-01-01T00:00:00Z", "archived"),
+        ("status", "terminated", "terminated"),
+    ):
         closed = make_session()
         emit_event(closed, message("before"))
         Session.objects.filter(id=closed).update(**{field: value})
@@ -230,8 +263,9 @@ def test_alone_an_append_sets_status_keeps_keys_and_refuses_a_stale_epoch():
     batch = [({"type": "session.status_running"}, None), (message("a"), "k:a"), (message("b"), "k:b")]
     first = emit_events(session_id, batch, epoch=4)
     assert [e.seq for e in first] == [0, 1, 2] and Session.objects.get(id=session_id).status == "running"
-    assert [e.pk for e in first] == list(Event.objects.filter(session_id=session_id).order_by("seq")
-                                         .values_list("pk", flat=True))
+    assert [e.pk for e in first] == list(
+        Event.objects.filter(session_id=session_id).order_by("seq").values_list("pk", flat=True)
+    )
     again = emit_events(session_id, [(message("a2"), "k:a"), (message("b2"), "k:b")], epoch=4)
     assert [e.pk for e in again] == [first[1].pk, first[2].pk]
     with pytest.raises(StaleEpoch) as stale:
@@ -271,8 +305,10 @@ def test_a_key_committed_while_an_append_waited_for_the_lock_returns_that_event(
     deadline = time.monotonic() + 30
     with connection.cursor() as cursor:  # wait until the appender's statement queues behind the row lock
         while time.monotonic() < deadline:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                           "AND datname = current_database()")
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"
+            )
             if cursor.fetchone()[0]:
                 break
             time.sleep(0.01)
@@ -304,9 +340,19 @@ def test_the_prepared_append_finds_used_keys_by_index_lookups_not_a_pass_over_th
         return f"${names.index(match.group(1)) + 1}"
 
     sql = re.sub(r"%\((\w+)\)s", number, APPEND_KEYED)
-    types = {"session": "text", "keys": "text[]", "count": "int", "now": "timestamptz", "status": "text",
-             "epoch": "bigint", "open_only": "boolean", "uids": "text[]", "types": "text[]", "payloads": "jsonb[]",
-             "event_keys": "text[]"}
+    types = {
+        "session": "text",
+        "keys": "text[]",
+        "count": "int",
+        "now": "timestamptz",
+        "status": "text",
+        "epoch": "bigint",
+        "open_only": "boolean",
+        "uids": "text[]",
+        "types": "text[]",
+        "payloads": "jsonb[]",
+        "event_keys": "text[]",
+    }
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         cursor.execute(f"PREPARE keyed_append({', '.join(types[n] for n in names)}) AS {sql}")
@@ -329,7 +375,9 @@ def test_then_runs_once_the_events_are_committed_and_not_when_the_append_is_refu
 
     def then() -> None:  # what another connection sees at that moment
         with ThreadPoolExecutor(1) as pool:
-            seen.append(pool.submit(in_thread, lambda: Event.objects.filter(session_id=session_id).count()).result())
+            seen.append(
+                pool.submit(in_thread, lambda: Event.objects.filter(session_id=session_id).count()).result()
+            )
 
     emit_events(session_id, [(message("a"), None), (message("b"), None)], then=then)
     assert seen == [2]

@@ -19,10 +19,19 @@ from tests.conftest import make_session
 
 pytestmark = pytest.mark.django_db
 
-HOSTILE = {"type": "agent.tool_result", "tool_use_id": "sevt_1", "is_error": False,
-           "content": [{"type": "text", "text": "a\x00b \ud800 \udfff é 😀"}], "odd\x00key": ["\udc80.txt"]}
-SPELLED_OUT = {"tool_use_id": "sevt_1", "is_error": False,
-               "content": [{"type": "text", "text": "a\\u0000b \\ud800 \\udfff é 😀"}], "odd\\u0000key": ["\\udc80.txt"]}
+HOSTILE = {
+    "type": "agent.tool_result",
+    "tool_use_id": "sevt_1",
+    "is_error": False,
+    "content": [{"type": "text", "text": "a\x00b \ud800 \udfff é 😀"}],
+    "odd\x00key": ["\udc80.txt"],
+}
+SPELLED_OUT = {
+    "tool_use_id": "sevt_1",
+    "is_error": False,
+    "content": [{"type": "text", "text": "a\\u0000b \\ud800 \\udfff é 😀"}],
+    "odd\\u0000key": ["\\udc80.txt"],
+}
 
 
 def test_emit_event_spells_out_nuls_and_unpaired_surrogates_in_keys_and_values():
@@ -63,13 +72,29 @@ def test_the_broadcast_thread_survives_a_message_it_cannot_encode_and_delivers_t
     pubsub = _subscribe(group)
     publisher = broadcast._Publisher()
     try:
-        bad_preview = {"type": "session.preview", "session": "sesn_unencodable", "seq": 1,
-                       "event_type": "agent.message", "preview": {"text": "hi \ud800"}}
+        bad_preview = {
+            "type": "session.preview",
+            "session": "sesn_unencodable",
+            "seq": 1,
+            "event_type": "agent.message",
+            "preview": {"text": "hi \ud800"},
+        }
         # An event that slipped past the log's escaping still goes out, as its stamp.
-        bad_event = Event(uid="sevt_bad", session_id="sesn_unencodable", seq=2, type="agent.message",
-                          payload={"content": [{"type": "text", "text": "\udfff"}]}, processed_at=timezone.now())
-        good = {"type": "session.preview", "session": "sesn_unencodable", "seq": 3,
-                "event_type": "agent.message", "preview": {"text": "fine"}}
+        bad_event = Event(
+            uid="sevt_bad",
+            session_id="sesn_unencodable",
+            seq=2,
+            type="agent.message",
+            payload={"content": [{"type": "text", "text": "\udfff"}]},
+            processed_at=timezone.now(),
+        )
+        good = {
+            "type": "session.preview",
+            "session": "sesn_unencodable",
+            "seq": 3,
+            "event_type": "agent.message",
+            "preview": {"text": "fine"},
+        }
         for message in (bad_preview, bad_event, good):
             publisher.put(group, message)
         stamp = {"type": "session.event", "session": "sesn_unencodable", "seq": 2, "event": None}

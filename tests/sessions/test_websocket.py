@@ -17,7 +17,9 @@ def message(text: str) -> dict:
     return {"type": "system.message", "content": [{"type": "text", "text": text}]}
 
 
-def communicator(session_id: str, api_key: str | None, after: int | str | None = None) -> WebsocketCommunicator:
+def communicator(
+    session_id: str, api_key: str | None, after: int | str | None = None
+) -> WebsocketCommunicator:
     query = "" if after is None else f"?after={after}"
     headers = [(b"host", b"127.0.0.1"), (b"origin", b"http://127.0.0.1")]
     if api_key:
@@ -44,8 +46,16 @@ def test_a_client_connecting_mid_append_gets_every_seq_once_in_order(redis_url, 
 
     async def scenario() -> list[int]:
         processes = [
-            await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.sessions.emitter", session_id, str(w),
-                                                 str(each), cwd=ROOT, env=child_env())
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "tests.sessions.emitter",
+                session_id,
+                str(w),
+                str(each),
+                cwd=ROOT,
+                env=child_env(),
+            )
             for w in range(writers)
         ]
         await asyncio.sleep(0.3)
@@ -80,12 +90,15 @@ def test_without_after_the_socket_sends_only_new_events(redis_url, api_key):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(("key", "session", "after", "code", "says"), [
-    (False, "real", None, 4401, "Log in"),
-    (True, "missing", None, 4404, "No session"),
-    (True, "real", "abc", 4400, "'after' must be an integer"),
-    (True, "sesn_%00x", None, 4400, "NUL"),
-])
+@pytest.mark.parametrize(
+    ("key", "session", "after", "code", "says"),
+    [
+        (False, "real", None, 4401, "Log in"),
+        (True, "missing", None, 4404, "No session"),
+        (True, "real", "abc", 4400, "'after' must be an integer"),
+        (True, "sesn_%00x", None, 4400, "NUL"),
+    ],
+)
 def test_the_socket_refuses_with_a_reason(redis_url, api_key, key, session, after, code, says):
     session_id = make_session() if session == "real" else "sesn_missing" if session == "missing" else session
 

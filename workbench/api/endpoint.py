@@ -55,7 +55,9 @@ def _parse_body(request: HttpRequest) -> dict[str, Any]:
         )
     raw = request.body
     if len(raw) > settings.API_MAX_BODY_BYTES:
-        raise PayloadTooLarge(f"The request body is over the limit of {settings.API_MAX_BODY_BYTES} bytes (1 MiB).")
+        raise PayloadTooLarge(
+            f"The request body is over the limit of {settings.API_MAX_BODY_BYTES} bytes (1 MiB)."
+        )
     if not raw.strip():
         return {}
     try:
@@ -100,7 +102,9 @@ def _bad_host(error: DisallowedHost) -> InvalidRequest:
 def _suspicious(error: SuspiciousOperation) -> ApiError:
     """Django's refusals of a request's shape (a body over its read limit, too many fields)."""
     if isinstance(error, RequestDataTooBig):
-        return PayloadTooLarge(f"The request body is over the limit of {settings.API_MAX_BODY_BYTES} bytes (1 MiB).")
+        return PayloadTooLarge(
+            f"The request body is over the limit of {settings.API_MAX_BODY_BYTES} bytes (1 MiB)."
+        )
     return InvalidRequest(f"The request was refused: {error}.")
 
 
@@ -117,8 +121,13 @@ def internal_error(request_id: str, *, log: bool = True) -> JsonResponse:
     """The envelope of a 5xx nobody planned for; the exception being handled is logged with the request id."""
     if log:
         logger.exception("unhandled error in %s", request_id)
-    return error_response(ApiError(f"An internal error occurred; it is logged with request id {request_id}. "
-                                   "Retry later, or report it with that id."), request_id)
+    return error_response(
+        ApiError(
+            f"An internal error occurred; it is logged with request id {request_id}. "
+            "Retry later, or report it with that id."
+        ),
+        request_id,
+    )
 
 
 def _render(result: Any) -> HttpResponse:
@@ -150,7 +159,9 @@ def endpoint(**handlers: Handler) -> Callable[..., HttpResponse]:
     return view
 
 
-def async_endpoint(**handlers: Callable[..., Awaitable[HttpResponse]]) -> Callable[..., Awaitable[HttpResponse]]:
+def async_endpoint(
+    **handlers: Callable[..., Awaitable[HttpResponse]],
+) -> Callable[..., Awaitable[HttpResponse]]:
     """The same contract for async handlers (the SSE stream)."""
 
     @csrf_exempt

@@ -68,11 +68,14 @@ def idempotent(request: HttpRequest, run: Callable[[], HttpResponse]) -> HttpRes
     first = _claim(request, key, fingerprint)
     if first is not None:
         if first.fingerprint != fingerprint:
-            raise InvalidRequest(f"This {HEADER} was already used for a different request (another path or "
-                                 "body); send a new key for a new request.")
+            raise InvalidRequest(
+                f"This {HEADER} was already used for a different request (another path or "
+                "body); send a new key for a new request."
+            )
         if first.status is None:
-            raise Conflict(f"A request with this {HEADER} is still being processed; retry in a moment to get "
-                           "its answer.")
+            raise Conflict(
+                f"A request with this {HEADER} is still being processed; retry in a moment to get its answer."
+            )
         replay = HttpResponse(first.body, status=first.status, content_type="application/json")
         replay[REPLAYED_HEADER] = "true"
         return replay
@@ -91,7 +94,13 @@ def idempotent(request: HttpRequest, run: Callable[[], HttpResponse]) -> HttpRes
 
 
 def _internal_error_body() -> str:
-    return json.dumps({"type": "error", "error": {
-        "type": "api_error",
-        "message": "The first request with this Idempotency-Key failed with an internal error, after which its "
-                   "effect is unknown; check the resource, then send a new key."}})
+    return json.dumps(
+        {
+            "type": "error",
+            "error": {
+                "type": "api_error",
+                "message": "The first request with this Idempotency-Key failed with an internal error, after which its "
+                "effect is unknown; check the resource, then send a new key.",
+            },
+        }
+    )

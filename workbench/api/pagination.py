@@ -47,7 +47,9 @@ def keyset_page(
     if token:
         position = decode_cursor(token, expect_keys=("c", "i", "d", "o"))
         if position["o"] != order:
-            raise InvalidRequest("The 'page' cursor was made for another 'order'; start again without 'page'.")
+            raise InvalidRequest(
+                "The 'page' cursor was made for another 'order'; start again without 'page'."
+            )
         direction = position["d"]
         created, ident = parse_datetime(position["c"]), position["i"]
         forward = (order == "asc") == (direction == "next")

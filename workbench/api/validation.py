@@ -28,9 +28,14 @@ _TYPE_NAMES = {dict: "an object", list: "an array", str: "a string", bool: "a bo
 def _describe(value: Any) -> str:
     if value is None:
         return "null"
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer", float: "a number"}.get(
-        type(value), type(value).__name__
-    )
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+    }.get(type(value), type(value).__name__)
 
 
 def text_problem(value: str) -> str | None:
@@ -40,8 +45,10 @@ def text_problem(value: str) -> str | None:
         return None
     if found.group() == "\x00":
         return f"a NUL character (U+0000) at index {found.start()}, which text may not contain; remove it"
-    return (f"an unpaired surrogate (U+{ord(found.group()):04X}) at index {found.start()}, which is not a Unicode "
-            "character; send valid UTF-8 (a \\u escape of a character above U+FFFF needs both halves of its pair)")
+    return (
+        f"an unpaired surrogate (U+{ord(found.group()):04X}) at index {found.start()}, which is not a Unicode "
+        "character; send valid UTF-8 (a \\u escape of a character above U+FFFF needs both halves of its pair)"
+    )
 
 
 def check_text(value: str, where: str) -> None:
@@ -63,11 +70,14 @@ def check_body(body: Any, *, max_depth: int = MAX_BODY_DEPTH) -> None:
     while queue:
         value, path, depth = queue.popleft()
         if depth > max_depth:
-            raise InvalidRequest(f"The request body nests more than {max_depth} levels deep (at '{_path(path)}'); "
-                                 "flatten it.")
+            raise InvalidRequest(
+                f"The request body nests more than {max_depth} levels deep (at '{_path(path)}'); flatten it."
+            )
         for key, item in value.items() if isinstance(value, dict) else enumerate(value):
             if isinstance(key, str) and (problem := text_problem(key)):
-                raise InvalidRequest(f"A key of '{_path(path) or 'the body'}' ({json.dumps(key)}) holds {problem}.")
+                raise InvalidRequest(
+                    f"A key of '{_path(path) or 'the body'}' ({json.dumps(key)}) holds {problem}."
+                )
             if isinstance(item, str):
                 check_text(item, f"'{_path((path, key))}'")
             elif isinstance(item, dict | list):
@@ -93,7 +103,9 @@ def expect(value: Any, kind: type, where: str, *, nullable: bool = False) -> Any
         return None
     ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
     if not ok:
-        raise InvalidRequest(f"{where} must be {_TYPE_NAMES.get(kind, kind.__name__)}, not {_describe(value)}.")
+        raise InvalidRequest(
+            f"{where} must be {_TYPE_NAMES.get(kind, kind.__name__)}, not {_describe(value)}."
+        )
     return value
 
 
@@ -106,8 +118,16 @@ def no_unknown_fields(body: Mapping[str, Any], allowed: Iterable[str], where: st
         )
 
 
-def field(body: Mapping[str, Any], key: str, kind: type, where: str = "", *, required: bool = False,
-          nullable: bool = False, default: Any = MISSING) -> Any:
+def field(
+    body: Mapping[str, Any],
+    key: str,
+    kind: type,
+    where: str = "",
+    *,
+    required: bool = False,
+    nullable: bool = False,
+    default: Any = MISSING,
+) -> Any:
     name = f"{where}.{key}" if where else key
     if key not in body:
         if required:
@@ -116,14 +136,26 @@ def field(body: Mapping[str, Any], key: str, kind: type, where: str = "", *, req
     return expect(body[key], kind, f"'{name}'", nullable=nullable)
 
 
-def text(body: Mapping[str, Any], key: str, where: str = "", *, required: bool = False, nullable: bool = False,
-         max_length: int | None = None, min_length: int = 0, default: Any = MISSING) -> Any:
+def text(
+    body: Mapping[str, Any],
+    key: str,
+    where: str = "",
+    *,
+    required: bool = False,
+    nullable: bool = False,
+    max_length: int | None = None,
+    min_length: int = 0,
+    default: Any = MISSING,
+) -> Any:
     value = field(body, key, str, where, required=required, nullable=nullable, default=default)
     if isinstance(value, str):
         name = f"{where}.{key}" if where else key
         if len(value) < min_length:
-            raise InvalidRequest(f"'{name}' must not be empty." if min_length == 1 else
-                                 f"'{name}' must be at least {min_length} characters.")
+            raise InvalidRequest(
+                f"'{name}' must not be empty."
+                if min_length == 1
+                else f"'{name}' must be at least {min_length} characters."
+            )
         if max_length is not None and len(value) > max_length:
             raise InvalidRequest(f"'{name}' must be at most {max_length} characters, not {len(value)}.")
     return value
@@ -140,7 +172,9 @@ def metadata(value: Any, where: str = "metadata", *, patch: bool = False) -> dic
         if item is None and patch:
             continue
         if not isinstance(item, str):
-            raise InvalidRequest(f"'{where}.{key}' must be a string{' or null' if patch else ''}, not {_describe(item)}.")
+            raise InvalidRequest(
+                f"'{where}.{key}' must be a string{' or null' if patch else ''}, not {_describe(item)}."
+            )
         if len(item) > 512:
             raise InvalidRequest(f"'{where}.{key}' must be at most 512 characters.")
     return value
@@ -154,7 +188,9 @@ def patch_metadata(current: dict[str, Any], patch: Mapping[str, Any]) -> dict[st
         else:
             merged[key] = value
     if len(merged) > 16:
-        raise InvalidRequest(f"'metadata' would have {len(merged)} keys after this update; at most 16 are allowed.")
+        raise InvalidRequest(
+            f"'metadata' would have {len(merged)} keys after this update; at most 16 are allowed."
+        )
     return merged
 
 
@@ -206,10 +242,14 @@ def _query_time(raw: str, name: str) -> datetime:
     except ValueError as error:  # the shape is right, the date is not (2026-13-45, 2026-02-30)
         raise InvalidRequest(f"Query parameter '{name}' is not a real time ({error}): {raw!r}.") from None
     if value is None or value.tzinfo is None:
-        raise InvalidRequest(f"Query parameter '{name}' must be an RFC 3339 time with a zone, like "
-                             f"2026-01-01T00:00:00Z, not {raw!r}.")
+        raise InvalidRequest(
+            f"Query parameter '{name}' must be an RFC 3339 time with a zone, like "
+            f"2026-01-01T00:00:00Z, not {raw!r}."
+        )
     try:
         value.astimezone(UTC)
     except OverflowError:
-        raise InvalidRequest(f"Query parameter '{name}' is outside the years 1 to 9999 once in UTC: {raw!r}.") from None
+        raise InvalidRequest(
+            f"Query parameter '{name}' is outside the years 1 to 9999 once in UTC: {raw!r}."
+        ) from None
     return value

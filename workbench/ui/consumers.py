@@ -40,4 +40,6 @@ class TimelineConsumer(SessionConsumer):
             return
         seq, event = events[0]
         html = await event_node(self.session_id, seq)
-        await self.send_json({"type": "event", "session": self.session_id, "seq": seq, "event": event, "html": html})
+        await self.send_json(
+            {"type": "event", "session": self.session_id, "seq": seq, "event": event, "html": html}
+        )

@@ -37,10 +37,14 @@ class JSONText(forms.CharField):
             parsed = json.loads(value)
             check_body(parsed)
         except json.JSONDecodeError as error:
-            raise ValidationError(f"This is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}.",
-                                  code="json") from None
+            raise ValidationError(
+                f"This is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}.",
+                code="json",
+            ) from None
         except RecursionError:
-            raise ValidationError(f"This JSON nests too deeply; at most {MAX_BODY_DEPTH} levels.", code="json") from None
+            raise ValidationError(
+                f"This JSON nests too deeply; at most {MAX_BODY_DEPTH} levels.", code="json"
+            ) from None
         except InvalidRequest as refused:
             raise ValidationError(refused.message, code="json") from None
         if self.expect is not object and not isinstance(parsed, self.expect):
@@ -54,10 +58,16 @@ class StartSessionForm(forms.Form):
     agent = forms.ChoiceField()
     environment = forms.ChoiceField()
     title = forms.CharField(required=False, max_length=500)
-    message = forms.CharField(required=False, strip=False, label="First message (optional)",
-                              widget=forms.Textarea(attrs={"rows": 3, "placeholder": "Say hello, or /bash uname -a"}))
+    message = forms.CharField(
+        required=False,
+        strip=False,
+        label="First message (optional)",
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "Say hello, or /bash uname -a"}),
+    )
 
-    def __init__(self, *args: Any, agents: list[tuple[str, str]], environments: list[tuple[str, str]], **kwargs: Any):
+    def __init__(
+        self, *args: Any, agents: list[tuple[str, str]], environments: list[tuple[str, str]], **kwargs: Any
+    ):
         super().__init__(*args, **kwargs)
         cast(forms.ChoiceField, self.fields["agent"]).choices = agents
         cast(forms.ChoiceField, self.fields["environment"]).choices = environments
@@ -68,15 +78,18 @@ class StartSessionForm(forms.Form):
         if data["title"]:
             body["title"] = data["title"]
         if data["message"].strip():
-            body["initial_events"] = [{"type": "user.message", "content": [{"type": "text", "text": data["message"]}]}]
+            body["initial_events"] = [
+                {"type": "user.message", "content": [{"type": "text", "text": data["message"]}]}
+            ]
         return body
 
 
 class SendEventForm(forms.Form):
     """What the composer and the call cards post: one user event."""
 
-    kind = forms.ChoiceField(choices=[(k, k) for k in ("message", "interrupt", "tool_confirmation",
-                                                        "custom_tool_result")])
+    kind = forms.ChoiceField(
+        choices=[(k, k) for k in ("message", "interrupt", "tool_confirmation", "custom_tool_result")]
+    )
     text = forms.CharField(required=False, strip=False)
     call_id = forms.CharField(required=False)
     result = forms.ChoiceField(required=False, choices=[("allow", "allow"), ("deny", "deny")])
@@ -102,12 +115,20 @@ class SendEventForm(forms.Form):
         if kind == "interrupt":
             return {"type": "user.interrupt"}
         if kind == "tool_confirmation":
-            event = {"type": "user.tool_confirmation", "tool_use_id": data["call_id"], "result": data["result"]}
+            event = {
+                "type": "user.tool_confirmation",
+                "tool_use_id": data["call_id"],
+                "result": data["result"],
+            }
             if data["result"] == "deny" and data["deny_message"].strip():
                 event["deny_message"] = data["deny_message"].strip()
             return event
-        return {"type": "user.custom_tool_result", "custom_tool_use_id": data["call_id"],
-                "content": [{"type": "text", "text": data["text"] or ""}], "is_error": data["is_error"]}
+        return {
+            "type": "user.custom_tool_result",
+            "custom_tool_use_id": data["call_id"],
+            "content": [{"type": "text", "text": data["text"] or ""}],
+            "is_error": data["is_error"],
+        }
 
 
 class HarnessForm(forms.Form):
@@ -129,8 +150,9 @@ class TransferForm(forms.Form):
 
 class ForkForm(forms.Form):
     at_seq = forms.IntegerField(min_value=0, label="Fork from event")
-    harness = forms.ChoiceField(required=False, choices=[("", "the session's own"),
-                                                         *((name, name) for name in HARNESS_DESCRIPTIONS)])
+    harness = forms.ChoiceField(
+        required=False, choices=[("", "the session's own"), *((name, name) for name in HARNESS_DESCRIPTIONS)]
+    )
     title = forms.CharField(required=False, max_length=500)
 
 
@@ -138,42 +160,71 @@ class AgentForm(forms.Form):
     name = forms.CharField(max_length=256)
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
     model = forms.CharField(max_length=200, initial="claude-sonnet-5-5")
-    system = forms.CharField(required=False, strip=False, label="System prompt",
-                             widget=forms.Textarea(attrs={"rows": 4}))
+    system = forms.CharField(
+        required=False, strip=False, label="System prompt", widget=forms.Textarea(attrs={"rows": 4})
+    )
     harness = forms.ChoiceField(choices=HARNESS_CHOICES, initial="claude")
-    context = JSONText(expect=dict, required=False, initial={"type": "full"},
-                       help_text='{"type": "full"}, {"type": "window", "last_events": 200} or '
-                                 '{"type": "compaction", "trigger_events": 400, "keep_events": 100}')
-    tools = JSONText(expect=list, required=False, initial=DEFAULT_TOOLS,
-                     help_text="A JSON array of tools; the toolset gives bash, read, write, edit, glob, grep.")
+    context = JSONText(
+        expect=dict,
+        required=False,
+        initial={"type": "full"},
+        help_text='{"type": "full"}, {"type": "window", "last_events": 200} or '
+        '{"type": "compaction", "trigger_events": 400, "keep_events": 100}',
+    )
+    tools = JSONText(
+        expect=list,
+        required=False,
+        initial=DEFAULT_TOOLS,
+        help_text="A JSON array of tools; the toolset gives bash, read, write, edit, glob, grep.",
+    )
     mcp_servers = JSONText(expect=list, required=False, initial=[], label="MCP servers")
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> AgentForm:
         model = config.get("model") or {}
-        return cls(initial={**{key: config.get(key) for key in ("name", "description", "system", "harness",
-                                                                  "context", "tools", "mcp_servers")},
-                            "model": model.get("id") if isinstance(model, dict) else model})
+        return cls(
+            initial={
+                **{
+                    key: config.get(key)
+                    for key in ("name", "description", "system", "harness", "context", "tools", "mcp_servers")
+                },
+                "model": model.get("id") if isinstance(model, dict) else model,
+            }
+        )
 
     def body(self) -> dict[str, Any]:
         data = self.cleaned_data
-        return {"name": data["name"], "description": data["description"] or None, "model": data["model"],
-                "system": data["system"] or None, "harness": data["harness"],
-                "context": data["context"] or {"type": "full"}, "tools": data["tools"] or [],
-                "mcp_servers": data["mcp_servers"] or []}
+        return {
+            "name": data["name"],
+            "description": data["description"] or None,
+            "model": data["model"],
+            "system": data["system"] or None,
+            "harness": data["harness"],
+            "context": data["context"] or {"type": "full"},
+            "tools": data["tools"] or [],
+            "mcp_servers": data["mcp_servers"] or [],
+        }
 
 
 class EnvironmentForm(forms.Form):
     name = forms.CharField(max_length=255)
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
-    config = JSONText(expect=dict, initial=DEFAULT_ENVIRONMENT,
-                      help_text='{"type": "cloud", "networking": …, "packages": …, "sandbox": {"provider", "image", '
-                                '"cpus", "memory_mb", "pids", "disk_mb", "warm_pool", "max_sandboxes", "idle_ttl_seconds"}}')
+    config = JSONText(
+        expect=dict,
+        initial=DEFAULT_ENVIRONMENT,
+        help_text='{"type": "cloud", "networking": …, "packages": …, "sandbox": {"provider", "image", '
+        '"cpus", "memory_mb", "pids", "disk_mb", "warm_pool", "max_sandboxes", "idle_ttl_seconds"}}',
+    )
 
     @classmethod
     def from_environment(cls, environment: Any) -> EnvironmentForm:
-        return cls(initial={"name": environment.name, "description": environment.description,
-                            "config": environment.config})
+        return cls(
+            initial={
+                "name": environment.name,
+                "description": environment.description,
+                "config": environment.config,
+            }
+        )
 
     def body(self) -> dict[str, Any]:
         data = self.cleaned_data

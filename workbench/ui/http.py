@@ -41,8 +41,9 @@ def _refusal(request: HttpRequest, user: Any) -> HttpResponse:
     if is_htmx(request):
         return redirect_to(request, login)
     if is_fragment_request(request):
-        return HttpResponse("Your login has expired; reload the page to log in again.", status=401,
-                            content_type="text/plain")
+        return HttpResponse(
+            "Your login has expired; reload the page to log in again.", status=401, content_type="text/plain"
+        )
     return HttpResponseRedirect(login)
 
 
@@ -89,5 +90,6 @@ class OperatorLoginForm(AuthenticationForm):
     def confirm_login_allowed(self, user: Any) -> None:
         super().confirm_login_allowed(user)
         if not user.is_staff:
-            raise ValidationError("This account is not an operator account; ask an admin to make it staff.",
-                                  code="not_staff")
+            raise ValidationError(
+                "This account is not an operator account; ask an admin to make it staff.", code="not_staff"
+            )

@@ -15,36 +15,67 @@ from sessions.models import Event
 
 CALL_TYPES = frozenset({"agent.tool_use", "agent.mcp_tool_use", "agent.custom_tool_use"})
 # Result type -> the payload field naming the call it answers.
-RESULT_TYPES = {"agent.tool_result": "tool_use_id", "agent.mcp_tool_result": "mcp_tool_use_id",
-                "user.tool_result": "tool_use_id", "user.custom_tool_result": "custom_tool_use_id"}
+RESULT_TYPES = {
+    "agent.tool_result": "tool_use_id",
+    "agent.mcp_tool_result": "mcp_tool_use_id",
+    "user.tool_result": "tool_use_id",
+    "user.custom_tool_result": "custom_tool_use_id",
+}
 # An output longer than this (in lines or characters) is shown folded in a <details>.
 LONG_LINES, LONG_CHARS = 12, 1500
 PREVIEW_LINES = 4
 
 _KINDS = {
-    "user.message": "user", "user.interrupt": "user", "user.tool_confirmation": "user",
-    "user.define_outcome": "user", "system.message": "system",
-    "agent.message": "agent", "agent.thinking": "thinking", "agent.thread_context_compacted": "brain",
-    "session.error": "error", "span.model_request_start": "span", "span.model_request_end": "span",
+    "user.message": "user",
+    "user.interrupt": "user",
+    "user.tool_confirmation": "user",
+    "user.define_outcome": "user",
+    "system.message": "system",
+    "agent.message": "agent",
+    "agent.thinking": "thinking",
+    "agent.thread_context_compacted": "brain",
+    "session.error": "error",
+    "span.model_request_start": "span",
+    "span.model_request_end": "span",
     "session.usage": "span",
     "fork.created": "fork",
 }
 _LABELS = {
-    "user.message": "You", "user.interrupt": "Interrupt", "user.tool_confirmation": "Confirmation",
-    "user.custom_tool_result": "Custom tool result", "user.tool_result": "Tool result",
-    "system.message": "System", "agent.message": "Agent", "agent.thinking": "Thinking",
-    "agent.tool_use": "Tool call", "agent.mcp_tool_use": "MCP tool call", "agent.custom_tool_use": "Custom tool call",
-    "agent.tool_result": "Tool result", "agent.mcp_tool_result": "MCP tool result",
+    "user.message": "You",
+    "user.interrupt": "Interrupt",
+    "user.tool_confirmation": "Confirmation",
+    "user.custom_tool_result": "Custom tool result",
+    "user.tool_result": "Tool result",
+    "system.message": "System",
+    "agent.message": "Agent",
+    "agent.thinking": "Thinking",
+    "agent.tool_use": "Tool call",
+    "agent.mcp_tool_use": "MCP tool call",
+    "agent.custom_tool_use": "Custom tool call",
+    "agent.tool_result": "Tool result",
+    "agent.mcp_tool_result": "MCP tool result",
     "agent.thread_context_compacted": "Context compacted",
-    "session.status_running": "Running", "session.status_idle": "Idle", "session.status_rescheduled": "Rescheduled",
-    "session.status_terminated": "Terminated", "session.error": "Error", "session.usage": "Usage",
-    "session.updated": "Session updated", "session.deleted": "Session deleted",
-    "span.model_request_start": "Model request", "span.model_request_end": "Model response",
-    "brain.lease_acquired": "Lease acquired", "brain.lease_released": "Lease released",
-    "brain.harness_switched": "Harness switched", "brain.recovered": "Brain recovered", "brain.parked": "Brain parked",
-    "sandbox.provisioned": "Sandbox provisioned", "sandbox.attached": "Sandbox attached",
-    "sandbox.detached": "Sandbox detached", "sandbox.failed": "Sandbox failed",
-    "sandbox.terminated": "Sandbox terminated", "fork.created": "Forked",
+    "session.status_running": "Running",
+    "session.status_idle": "Idle",
+    "session.status_rescheduled": "Rescheduled",
+    "session.status_terminated": "Terminated",
+    "session.error": "Error",
+    "session.usage": "Usage",
+    "session.updated": "Session updated",
+    "session.deleted": "Session deleted",
+    "span.model_request_start": "Model request",
+    "span.model_request_end": "Model response",
+    "brain.lease_acquired": "Lease acquired",
+    "brain.lease_released": "Lease released",
+    "brain.harness_switched": "Harness switched",
+    "brain.recovered": "Brain recovered",
+    "brain.parked": "Brain parked",
+    "sandbox.provisioned": "Sandbox provisioned",
+    "sandbox.attached": "Sandbox attached",
+    "sandbox.detached": "Sandbox detached",
+    "sandbox.failed": "Sandbox failed",
+    "sandbox.terminated": "Sandbox terminated",
+    "fork.created": "Forked",
 }
 
 
@@ -131,9 +162,16 @@ def _session_link(session_id: Any) -> tuple[str, str]:
 
 def present(event: Event, *, answered: bool = False) -> EventView:
     payload = event.payload or {}
-    view = EventView(seq=event.seq, uid=event.uid, type=event.type, kind=_kind(event.type),
-                     label=_LABELS.get(event.type, event.type), epoch=event.lease_epoch,
-                     at=event.processed_at.strftime("%H:%M:%S"), at_ms=int(event.processed_at.timestamp() * 1000))
+    view = EventView(
+        seq=event.seq,
+        uid=event.uid,
+        type=event.type,
+        kind=_kind(event.type),
+        label=_LABELS.get(event.type, event.type),
+        epoch=event.lease_epoch,
+        at=event.processed_at.strftime("%H:%M:%S"),
+        at_ms=int(event.processed_at.timestamp() * 1000),
+    )
     view.compact = view.kind in ("status", "span")
     if view.kind == "other":
         view.raw = _json(event.as_api())
@@ -179,8 +217,10 @@ def present(event: Event, *, answered: bool = False) -> EventView:
         if view.is_error:
             view.text = str(payload.get("error") or "failed")
         else:
-            view.text = (f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out tokens"
-                         f" · {payload.get('stop_reason') or ''}")
+            view.text = (
+                f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out tokens"
+                f" · {payload.get('stop_reason') or ''}"
+            )
     elif kind == "span.model_request_start":
         view.text = f"through #{payload['through_seq']}" if "through_seq" in payload else ""
     elif kind == "session.usage":
@@ -210,7 +250,9 @@ def present(event: Event, *, answered: bool = False) -> EventView:
     elif kind == "fork.created":
         view.text = f"from {payload.get('from_session')}, copying events [0:{payload.get('through_seq')}]"
         if payload.get("from_session"):
-            view.links.append(("origin", f"/sessions/{payload['from_session']}/#seq-{payload.get('through_seq', 0)}"))
+            view.links.append(
+                ("origin", f"/sessions/{payload['from_session']}/#seq-{payload.get('through_seq', 0)}")
+            )
     elif kind == "agent.thread_context_compacted":
         view.text = f"through #{payload.get('through_seq')}"
         _output(view, str(payload.get("summary") or ""))

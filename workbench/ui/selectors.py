@@ -20,8 +20,11 @@ ANSWER_LOOKAHEAD = 1000
 
 
 def _last_payload(session_ref: Any, event_type: str, key: str) -> Subquery:
-    return Subquery(Event.objects.filter(session_id=session_ref, type=event_type).order_by("-seq")
-                    .values(f"payload__{key}")[:1])
+    return Subquery(
+        Event.objects.filter(session_id=session_ref, type=event_type)
+        .order_by("-seq")
+        .values(f"payload__{key}")[:1]
+    )
 
 
 def session_rows(*, status: str = "", agent_id: str = "", limit: int = 100) -> list[Session]:
@@ -36,17 +39,26 @@ def session_rows(*, status: str = "", agent_id: str = "", limit: int = 100) -> l
     if agent_id:
         sessions = sessions.filter(agent_id=agent_id)
     # The row's own `usage` is not kept up to date by the brains; the log's last session.usage is.
-    sessions = sessions.annotate(
-        last_usage=_last_payload(OuterRef("pk"), "session.usage", "usage"),
-        switched_harness=_last_payload(OuterRef("pk"), "brain.harness_switched", "harness"),
-    ).select_related("environment").prefetch_related(
-        Prefetch("sandboxes", queryset=Sandbox.objects.filter(status=Sandbox.Status.READY), to_attr="hands"))
+    sessions = (
+        sessions.annotate(
+            last_usage=_last_payload(OuterRef("pk"), "session.usage", "usage"),
+            switched_harness=_last_payload(OuterRef("pk"), "brain.harness_switched", "harness"),
+        )
+        .select_related("environment")
+        .prefetch_related(
+            Prefetch(
+                "sandboxes", queryset=Sandbox.objects.filter(status=Sandbox.Status.READY), to_attr="hands"
+            )
+        )
+    )
     return list(sessions[:limit])
 
 
 def agent_choices() -> list[tuple[str, str]]:
     """Live agents as (id, "name (vN)"), for pickers."""
-    latest = AgentVersion.objects.filter(agent=OuterRef("pk"), version=OuterRef("version")).values("config__name")
+    latest = AgentVersion.objects.filter(agent=OuterRef("pk"), version=OuterRef("version")).values(
+        "config__name"
+    )
     agents = Agent.objects.filter(archived_at__isnull=True).annotate(agent_name=Subquery(latest[:1]))
     return [(a.id, f"{a.agent_name} (v{a.version})") for a in agents]
 
@@ -71,7 +83,9 @@ def resolve_slice(length: int, start: int | None, stop: int | None) -> tuple[int
     return first, max(first, last)
 
 
-def timeline_slice(session_id: str, start: int | None, stop: int | None, *, limit: int | None = None) -> Slice:
+def timeline_slice(
+    session_id: str, start: int | None, stop: int | None, *, limit: int | None = None
+) -> Slice:
     """Events [start:stop] (at most `limit` of them, from the start) ready to render, with what the page
     cannot tell from the slice alone: which lease epoch came before it, and which of its tool calls have
     been answered after it."""
@@ -85,8 +99,12 @@ def timeline_slice(session_id: str, start: int | None, stop: int | None, *, limi
     views = [present(e, answered=e.uid in answered) for e in events]
     previous = None
     if first > 0 and any(view.epoch is not None for view in views):
-        previous = (Event.objects.filter(session_id=session_id, seq__lt=first, lease_epoch__isnull=False)
-                    .order_by("-seq").values_list("lease_epoch", flat=True).first())
+        previous = (
+            Event.objects.filter(session_id=session_id, seq__lt=first, lease_epoch__isnull=False)
+            .order_by("-seq")
+            .values_list("lease_epoch", flat=True)
+            .first()
+        )
     for view in views:
         if view.epoch is None:
             continue
@@ -101,7 +119,9 @@ def _answered(session_id: str, call_ids: list[str], first: int, last: int) -> se
     for result_type, key in RESULT_TYPES.items():
         answers |= Q(type=result_type, **{f"payload__{key}__in": call_ids})
     found = set()
-    rows = Event.objects.filter(answers, session_id=session_id, seq__gte=first, seq__lt=last + ANSWER_LOOKAHEAD)
+    rows = Event.objects.filter(
+        answers, session_id=session_id, seq__gte=first, seq__lt=last + ANSWER_LOOKAHEAD
+    )
     for event_type, payload in rows.values_list("type", "payload"):
         key = RESULT_TYPES.get(event_type, "tool_use_id")
         found.add(payload.get(key))
@@ -121,26 +141,41 @@ class Brain:
 
 def session_brain(session: Session) -> Brain:
     """The brain working a session: its harness (the last switch in the log, else the agent's), its lease."""
-    switched = (Event.objects.filter(session_id=session.id, type="brain.harness_switched").order_by("-seq")
-                .values_list("payload__harness", flat=True).first())
+    switched = (
+        Event.objects.filter(session_id=session.id, type="brain.harness_switched")
+        .order_by("-seq")
+        .values_list("payload__harness", flat=True)
+        .first()
+    )
     snapshot = session.agent_snapshot or {}
     harness = switched or snapshot.get("harness") or "claude"
     model = snapshot.get("model") or {}
-    return Brain(harness=harness, harness_description=HARNESS_DESCRIPTIONS.get(harness, ""),
-                 owner=session.lease_owner, epoch=session.lease_epoch, expires_at=session.lease_expires_at,
-                 context=snapshot.get("context") or {"type": "full"},
-                 model_id=model.get("id", "") if isinstance(model, dict) else str(model))
+    return Brain(
+        harness=harness,
+        harness_description=HARNESS_DESCRIPTIONS.get(harness, ""),
+        owner=session.lease_owner,
+        epoch=session.lease_epoch,
+        expires_at=session.lease_expires_at,
+        context=snapshot.get("context") or {"type": "full"},
+        model_id=model.get("id", "") if isinstance(model, dict) else str(model),
+    )
 
 
 def free_sandboxes() -> list[Sandbox]:
-    return list(Sandbox.objects.filter(session__isnull=True, status=Sandbox.Status.READY)
-                .select_related("environment").order_by("-created_at"))
+    return list(
+        Sandbox.objects.filter(session__isnull=True, status=Sandbox.Status.READY)
+        .select_related("environment")
+        .order_by("-created_at")
+    )
 
 
 def transfer_targets(session_id: str, limit: int = 100) -> list[Session]:
     """Sessions a sandbox could be passed to: live ones other than this one."""
-    return list(Session.objects.filter(deleted_at__isnull=True, archived_at__isnull=True)
-                .exclude(status=Session.Status.TERMINATED).exclude(id=session_id)[:limit])
+    return list(
+        Session.objects.filter(deleted_at__isnull=True, archived_at__isnull=True)
+        .exclude(status=Session.Status.TERMINATED)
+        .exclude(id=session_id)[:limit]
+    )
 
 
 def all_sandboxes(*, include_ended: bool) -> list[Sandbox]:

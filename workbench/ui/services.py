@@ -18,7 +18,9 @@ def api_key_create(*, name: str, created_by: Any = None) -> tuple[ApiKey, str]:
     if not name:
         raise InvalidRequest("Give the key a name that says what it is for, e.g. 'ci' or 'alice laptop'.")
     raw = ApiKey.generate()
-    key = ApiKey.objects.create(name=name, prefix=raw[:PREFIX_LENGTH], key_hash=hash_key(raw), created_by=created_by)
+    key = ApiKey.objects.create(
+        name=name, prefix=raw[:PREFIX_LENGTH], key_hash=hash_key(raw), created_by=created_by
+    )
     return key, raw
 
 

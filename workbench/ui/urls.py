@@ -21,8 +21,14 @@ urlpatterns = [
     path("sessions/<str:session_id>/sandboxes/provision", hands.provision, name="hand-provision"),
     path("sessions/<str:session_id>/sandboxes/attach", hands.attach, name="hand-attach"),
     path("sessions/<str:session_id>/sandboxes/<str:sandbox_id>/detach", hands.detach, name="hand-detach"),
-    path("sessions/<str:session_id>/sandboxes/<str:sandbox_id>/transfer", hands.transfer, name="hand-transfer"),
-    path("sessions/<str:session_id>/sandboxes/<str:sandbox_id>/terminate", hands.terminate, name="hand-terminate"),
+    path(
+        "sessions/<str:session_id>/sandboxes/<str:sandbox_id>/transfer", hands.transfer, name="hand-transfer"
+    ),
+    path(
+        "sessions/<str:session_id>/sandboxes/<str:sandbox_id>/terminate",
+        hands.terminate,
+        name="hand-terminate",
+    ),
     path("sandboxes/", hands.sandbox_list, name="sandboxes"),
     path("sandboxes/<str:sandbox_id>/terminate", hands.sandbox_terminate_view, name="sandbox-terminate"),
     path("agents/", catalog.agent_list, name="agents"),
@@ -32,7 +38,11 @@ urlpatterns = [
     path("environments/", catalog.environment_list, name="environments"),
     path("environments/new", catalog.environment_new, name="environment-new"),
     path("environments/<str:environment_id>/", catalog.environment_edit, name="environment"),
-    path("environments/<str:environment_id>/archive", catalog.environment_archive_view, name="environment-archive"),
+    path(
+        "environments/<str:environment_id>/archive",
+        catalog.environment_archive_view,
+        name="environment-archive",
+    ),
     path("keys/", keys.key_list, name="keys"),
     path("keys/new", keys.key_create, name="key-create"),
     path("keys/<int:key_id>/revoke", keys.key_revoke, name="key-revoke"),

@@ -18,5 +18,7 @@ class Command(BaseCommand):
             raise CommandError("--name must not be empty.")
         raw = ApiKey.generate()
         ApiKey.objects.create(name=name.strip(), prefix=raw[:12], key_hash=hash_key(raw))
-        self.stdout.write(f"Created API key {name!r}. It is shown only now, on the next line; store it safely.")
+        self.stdout.write(
+            f"Created API key {name!r}. It is shown only now, on the next line; store it safely."
+        )
         self.stdout.write(raw)

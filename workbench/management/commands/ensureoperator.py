@@ -19,8 +19,10 @@ class Command(BaseCommand):
         users = get_user_model()
         user = users.objects.filter(username=username).first()
         if user is not None and not password:
-            self.stdout.write(f"Log in at {url} as {username!r} with the password set before "
-                              f"(reset it with: manage.py changepassword {username}).")
+            self.stdout.write(
+                f"Log in at {url} as {username!r} with the password set before "
+                f"(reset it with: manage.py changepassword {username})."
+            )
             return
         password = password or secrets.token_urlsafe(12)
         if user is None:

@@ -12,8 +12,12 @@ from django.views.decorators.http import require_POST
 
 from workbench.ui.http import OperatorLoginForm, redirect_to
 
-login = LoginView.as_view(template_name="ui/login.html", authentication_form=OperatorLoginForm,
-                          redirect_authenticated_user=True, next_page="ui:sessions")
+login = LoginView.as_view(
+    template_name="ui/login.html",
+    authentication_form=OperatorLoginForm,
+    redirect_authenticated_user=True,
+    next_page="ui:sessions",
+)
 
 
 @require_POST

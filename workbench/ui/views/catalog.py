@@ -80,7 +80,9 @@ def agent_archive_view(request: HttpRequest, agent_id: str) -> HttpResponse:
     except ApiError as error:
         messages.error(request, error.message)
     else:
-        messages.success(request, f"Archived {agent_id}; its sessions keep running, new ones cannot start from it.")
+        messages.success(
+            request, f"Archived {agent_id}; its sessions keep running, new ones cannot start from it."
+        )
     return redirect_to(request, reverse("ui:agents"))
 
 
@@ -90,8 +92,9 @@ def environment_list(request: HttpRequest) -> HttpResponse:
     environments = Environment.objects.filter(deleted_at__isnull=True)
     if not show_archived:
         environments = environments.filter(archived_at__isnull=True)
-    return render(request, "ui/environments/list.html", {"environments": environments,
-                                                         "show_archived": show_archived})
+    return render(
+        request, "ui/environments/list.html", {"environments": environments, "show_archived": show_archived}
+    )
 
 
 @operator_required
@@ -114,7 +117,11 @@ def environment_edit(request: HttpRequest, environment_id: str) -> HttpResponse:
         environment = get_environment(environment_id)
     except NotFound:
         raise Http404(f"No environment with id {environment_id!r}.") from None
-    form = EnvironmentForm(request.POST) if request.method == "POST" else EnvironmentForm.from_environment(environment)
+    form = (
+        EnvironmentForm(request.POST)
+        if request.method == "POST"
+        else EnvironmentForm.from_environment(environment)
+    )
     if request.method == "POST" and form.is_valid():
         try:
             environment_update(environment_id, form.body())
@@ -126,7 +133,9 @@ def environment_edit(request: HttpRequest, environment_id: str) -> HttpResponse:
     return _environment_form(request, form, environment=environment)
 
 
-def _environment_form(request: HttpRequest, form: EnvironmentForm, *, environment: Environment | None) -> HttpResponse:
+def _environment_form(
+    request: HttpRequest, form: EnvironmentForm, *, environment: Environment | None
+) -> HttpResponse:
     status = 400 if form.is_bound and form.errors else 200
     template = "ui/environments/_form.html" if request.method == "POST" else "ui/environments/form.html"
     return render(request, template, {"form": form, "environment": environment}, status=status)

@@ -26,7 +26,9 @@ from workbench.ui.http import operator_required, redirect_to
 from workbench.ui.views.sessions import render_panel
 
 
-def _act(request: HttpRequest, session_id: str, action: Callable[[], Any], notice: Callable[[Any], str]) -> HttpResponse:
+def _act(
+    request: HttpRequest, session_id: str, action: Callable[[], Any], notice: Callable[[Any], str]
+) -> HttpResponse:
     """Run one hands service and show the panel with what happened."""
     try:
         result = action()
@@ -39,7 +41,9 @@ def _act(request: HttpRequest, session_id: str, action: Callable[[], Any], notic
 
 def _held(session_id: str, sandbox_id: str) -> None:
     if not Sandbox.objects.filter(id=sandbox_id, session_id=session_id).exists():
-        raise NotFound(f"Session {session_id} no longer holds sandbox {sandbox_id}; the panel was out of date.")
+        raise NotFound(
+            f"Session {session_id} no longer holds sandbox {sandbox_id}; the panel was out of date."
+        )
 
 
 @require_POST
@@ -48,8 +52,12 @@ def provision(request: HttpRequest, session_id: str) -> HttpResponse:
     form = ProvisionForm(request.POST)
     if not form.is_valid():
         return render_panel(request, session_id, error="Give the new sandbox a name.", status=400)
-    return _act(request, session_id, lambda: sandbox_provision(session_id, name=form.cleaned_data["name"]),
-                lambda sandbox: f"Provisioned {sandbox.name} ({sandbox.id}).")
+    return _act(
+        request,
+        session_id,
+        lambda: sandbox_provision(session_id, name=form.cleaned_data["name"]),
+        lambda sandbox: f"Provisioned {sandbox.name} ({sandbox.id}).",
+    )
 
 
 @require_POST
@@ -59,8 +67,12 @@ def attach(request: HttpRequest, session_id: str) -> HttpResponse:
     if not form.is_valid():
         return render_panel(request, session_id, error="Pick a free sandbox to attach.", status=400)
     data = form.cleaned_data
-    return _act(request, session_id, lambda: sandbox_attach(data["sandbox"], session_id, name=data["name"] or None),
-                lambda sandbox: f"Attached {sandbox.id} as {sandbox.name}.")
+    return _act(
+        request,
+        session_id,
+        lambda: sandbox_attach(data["sandbox"], session_id, name=data["name"] or None),
+        lambda sandbox: f"Attached {sandbox.id} as {sandbox.name}.",
+    )
 
 
 @require_POST
@@ -70,7 +82,9 @@ def detach(request: HttpRequest, session_id: str, sandbox_id: str) -> HttpRespon
         _held(session_id, sandbox_id)
         return sandbox_detach(sandbox_id)
 
-    return _act(request, session_id, action, lambda sandbox: f"Detached {sandbox.id}; it is free for another session.")
+    return _act(
+        request, session_id, action, lambda sandbox: f"Detached {sandbox.id}; it is free for another session."
+    )
 
 
 @require_POST
@@ -84,8 +98,12 @@ def transfer(request: HttpRequest, session_id: str, sandbox_id: str) -> HttpResp
         _held(session_id, sandbox_id)
         return sandbox_transfer(sandbox_id, form.cleaned_data["to_session"])
 
-    return _act(request, session_id, action,
-                lambda sandbox: f"Passed {sandbox.id} to session {sandbox.session_id} (named {sandbox.name} there).")
+    return _act(
+        request,
+        session_id,
+        action,
+        lambda sandbox: f"Passed {sandbox.id} to session {sandbox.session_id} (named {sandbox.name} there).",
+    )
 
 
 @require_POST
@@ -101,8 +119,11 @@ def terminate(request: HttpRequest, session_id: str, sandbox_id: str) -> HttpRes
 @operator_required
 def sandbox_list(request: HttpRequest) -> HttpResponse:
     include_ended = request.GET.get("all") == "1"
-    return render(request, "ui/sandboxes/list.html", {
-        "sandboxes": selectors.all_sandboxes(include_ended=include_ended), "include_ended": include_ended})
+    return render(
+        request,
+        "ui/sandboxes/list.html",
+        {"sandboxes": selectors.all_sandboxes(include_ended=include_ended), "include_ended": include_ended},
+    )
 
 
 @require_POST

@@ -49,6 +49,10 @@ def key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
     try:
         api_key_revoke(key_id)
     except ApiError as error:
-        return render(request, "ui/keys/_keys.html", {"keys": _keys(), "form": ApiKeyForm(), "error": error.message},
-                      status=error.status)
+        return render(
+            request,
+            "ui/keys/_keys.html",
+            {"keys": _keys(), "form": ApiKeyForm(), "error": error.message},
+            status=error.status,
+        )
     return redirect_to(request, reverse("ui:keys"))

@@ -33,15 +33,23 @@ def session_or_404(session_id: str) -> Session:
 
 
 def _start_form(data: Any = None, *, agents: list[tuple[str, str]] | None = None) -> StartSessionForm:
-    return StartSessionForm(data, agents=selectors.agent_choices() if agents is None else agents,
-                            environments=selectors.environment_choices())
+    return StartSessionForm(
+        data,
+        agents=selectors.agent_choices() if agents is None else agents,
+        environments=selectors.environment_choices(),
+    )
 
 
 @operator_required
 def session_list(request: HttpRequest) -> HttpResponse:
     status, agent = request.GET.get("status", ""), request.GET.get("agent", "")
-    context = {"sessions": selectors.session_rows(status=status, agent_id=agent), "status": status, "agent": agent,
-               "statuses": [*selectors.STATUSES, "archived"], "filtered": bool(status or agent)}
+    context = {
+        "sessions": selectors.session_rows(status=status, agent_id=agent),
+        "status": status,
+        "agent": agent,
+        "statuses": [*selectors.STATUSES, "archived"],
+        "filtered": bool(status or agent),
+    }
     if is_htmx(request) and request.headers.get("HX-Target") == "session-rows":
         return render(request, "ui/sessions/_rows.html", context)
     agents = selectors.agent_choices()
@@ -65,19 +73,33 @@ def session_start(request: HttpRequest) -> HttpResponse:
 
 def panel_context(session: Any, **extra: Any) -> dict[str, Any]:
     brain = selectors.session_brain(session)
-    return {"session": session, "brain": brain, "model": describe_model(),
-            "hands": held(session.id), "free": selectors.free_sandboxes(),
-            "targets": selectors.transfer_targets(session.id),
-            "harness_form": HarnessForm(initial={"harness": brain.harness}), **extra}
+    return {
+        "session": session,
+        "brain": brain,
+        "model": describe_model(),
+        "hands": held(session.id),
+        "free": selectors.free_sandboxes(),
+        "targets": selectors.transfer_targets(session.id),
+        "harness_form": HarnessForm(initial={"harness": brain.harness}),
+        **extra,
+    }
 
 
 @operator_required
 def session_detail(request: HttpRequest, session_id: str) -> HttpResponse:
     session = session_or_404(session_id)
     timeline = selectors.timeline_slice(session.id, -TAIL, None)
-    return render(request, "ui/sessions/detail.html", {
-        **panel_context(session), "timeline": timeline, "preview": preview_view(), "base": request.path,
-        "replay_from": max(0, timeline.length - 50)})
+    return render(
+        request,
+        "ui/sessions/detail.html",
+        {
+            **panel_context(session),
+            "timeline": timeline,
+            "preview": preview_view(),
+            "base": request.path,
+            "replay_from": max(0, timeline.length - 50),
+        },
+    )
 
 
 @operator_required
@@ -85,8 +107,9 @@ def session_panel(request: HttpRequest, session_id: str) -> HttpResponse:
     return render(request, "ui/sessions/_panel.html", panel_context(session_or_404(session_id)))
 
 
-def render_panel(request: HttpRequest, session_id: str, *, error: str = "", notice: str = "",
-                 status: int = 200) -> HttpResponse:
+def render_panel(
+    request: HttpRequest, session_id: str, *, error: str = "", notice: str = "", status: int = 200
+) -> HttpResponse:
     """The panel after an action, saying what happened or what went wrong."""
     context = panel_context(session_or_404(session_id), error=error, notice=notice)
     return render(request, "ui/sessions/_panel.html", context, status=status)

@@ -64,7 +64,8 @@ async def events_fragment(request: HttpRequest, session_id: str) -> HttpResponse
         return HttpResponse(str(error), status=400, content_type="text/plain")
     try:
         first, last, length, html = await database_sync_to_async(fragment, thread_sensitive=False)(
-            session_id, start, stop)
+            session_id, start, stop
+        )
     except SessionNotFound:
         return HttpResponse(f"No session with id {session_id!r}.", status=404, content_type="text/plain")
     response = HttpResponse(html)
@@ -87,8 +88,9 @@ def fragment(session_id: str, start: int | None, stop: int | None) -> tuple[int,
     if absolute and (hit := cache.get(key)) is not None:
         return hit
     timeline = selectors.timeline_slice(session_id, start, stop, limit=MAX_SLICE)
-    html = render_to_string("ui/events/_events.html", {
-        "timeline": timeline, "base": reverse("ui:session", args=[session_id])})
+    html = render_to_string(
+        "ui/events/_events.html", {"timeline": timeline, "base": reverse("ui:session", args=[session_id])}
+    )
     result = (timeline.start, timeline.stop, timeline.length, html)
     if absolute and timeline.stop == stop:
         cache.set(key, result, FRAGMENT_SECONDS)
@@ -109,10 +111,17 @@ def send_event(request: HttpRequest, session_id: str) -> HttpResponse:
         session_send_events(session_id, {"events": [form.event()]})
     except ApiError as error:
         return render(request, template, {"error": error.message, "call_id": call_id}, status=error.status)
-    notices = {"interrupt": "Interrupt sent.", "tool_confirmation": "Answer sent; the brain continues.",
-               "custom_tool_result": "Result sent; the brain continues.", "message": ""}
-    return render(request, template, {"notice": notices[form.cleaned_data["kind"]], "answered": bool(call_id),
-                                      "call_id": call_id})
+    notices = {
+        "interrupt": "Interrupt sent.",
+        "tool_confirmation": "Answer sent; the brain continues.",
+        "custom_tool_result": "Result sent; the brain continues.",
+        "message": "",
+    }
+    return render(
+        request,
+        template,
+        {"notice": notices[form.cleaned_data["kind"]], "answered": bool(call_id), "call_id": call_id},
+    )
 
 
 @operator_required
@@ -128,9 +137,19 @@ def replay(request: HttpRequest, session_id: str) -> HttpResponse:
     except ValueError as problem:
         error, start, stop = str(problem), None, None
     first, last = selectors.resolve_slice(session.next_seq, start, stop)
-    return render(request, "ui/sessions/replay.html", {
-        "session": session, "start": first, "stop": last, "length": session.next_seq, "error": error,
-        "fork_form": ForkForm(initial={"at_seq": first})}, status=400 if error else 200)
+    return render(
+        request,
+        "ui/sessions/replay.html",
+        {
+            "session": session,
+            "start": first,
+            "stop": last,
+            "length": session.next_seq,
+            "error": error,
+            "fork_form": ForkForm(initial={"at_seq": first}),
+        },
+        status=400 if error else 200,
+    )
 
 
 @operator_required
@@ -141,8 +160,12 @@ def fork(request: HttpRequest, session_id: str) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
-            forked = session_fork(session.id, at_seq=data["at_seq"], harness=data["harness"] or None,
-                                  title=data["title"] or None)
+            forked = session_fork(
+                session.id,
+                at_seq=data["at_seq"],
+                harness=data["harness"] or None,
+                title=data["title"] or None,
+            )
         except ApiError as error:
             form.add_error(None, error.message)
         else:
@@ -156,5 +179,9 @@ def fork(request: HttpRequest, session_id: str) -> HttpResponse:
     except (TypeError, ValueError, IndexError):
         pass
     template = "ui/sessions/_fork_form.html" if request.method == "POST" else "ui/sessions/fork.html"
-    return render(request, template, {"session": session, "form": form, "event": event},
-                  status=400 if request.method == "POST" else 200)
+    return render(
+        request,
+        template,
+        {"session": session, "form": form, "event": event},
+        status=400 if request.method == "POST" else 200,
+    )

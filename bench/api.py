@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     versions += [Version(d.resolve(), label_of(d.resolve())) for d in args.against]
     began = time.monotonic()
 
-    from harness.offline_model.testing import start_offline_model
+    from offline_model.testing import start_offline_model
 
     with (
         services(args.database_url, args.redis_url) as (database_url, redis_url),

@@ -115,7 +115,7 @@ class Settings:
 
 def serve_model(timings: Path) -> None:
     """The offline model server, appending each /v1/messages request's time in the server to `timings`."""
-    from harness.offline_model import server
+    from offline_model import server
 
     handler = server._Handler
     original = handler.do_POST

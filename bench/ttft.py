@@ -1463,7 +1463,7 @@ def main(argv: list[str] | None = None) -> int:
         ).stdout.strip()
         machine["git"] = subprocess.run(["git", "--version"], capture_output=True, text=True).stdout.strip()
 
-        from harness.offline_model.testing import start_offline_model
+        from offline_model.testing import start_offline_model
 
         model = start_offline_model(ttft_ms=plan.model_ttft_ms, tps=plan.model_tps, in_subprocess=True)
         stack.callback(model.stop)
@@ -1587,7 +1587,7 @@ def main(argv: list[str] | None = None) -> int:
             "git daemon": processes.pids("git-daemon"),
         }
         singles = {
-            "offline model": child_pid("harness.offline_model"),
+            "offline model": child_pid("offline_model"),
             "redis": int((folder / "redis.pid").read_text()),
         }
         postmaster = int((folder / "pg" / "pg" / "postmaster.pid").read_text().split()[0])
@@ -1695,7 +1695,7 @@ def write_results(raw: dict[str, Any], *, stem: str, quick: bool, note: str) -> 
             "model": {
                 "ttft_ms": plan.model_ttft_ms,
                 "tokens_per_second": plan.model_tps,
-                "server": "harness.offline_model in its own process",
+                "server": "offline_model in its own process",
             },
             "arrivals": f"phase 1: Poisson, mean {plan.rate:g}/s over all modes, modes round-robin, seed {plan.seed}; "
             f"phase 2: Poisson, mean {plan.platform_rate:g}/s, decoupled only",

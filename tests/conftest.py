@@ -171,7 +171,7 @@ def live_server_url(transactional_db: Any, redis_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def offline_model() -> Iterator[Any]:
-    from harness.offline_model.testing import start_offline_model
+    from offline_model.testing import start_offline_model
 
     with start_offline_model() as model:
         yield model

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from harness.offline_model.testing import OfflineModel, start_offline_model
+from offline_model.testing import OfflineModel, start_offline_model
 from sandboxes.models import Sandbox
 from sessions.models import Event, Session
 from tests.conftest import ROOT, child_env, make_agent, make_session, require

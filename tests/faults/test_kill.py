@@ -15,7 +15,7 @@ from functools import partial
 
 import pytest
 
-from harness.offline_model.script import long_text
+from offline_model.script import long_text
 from harness.tasks import wake
 from sandboxes.models import Sandbox
 from sessions.models import Event, Session

@@ -1,17 +1,17 @@
-"""``python -m harness.offline_model``: serve the offline model until SIGINT or SIGTERM."""
+"""``python -m offline_model``: serve the offline model until SIGINT or SIGTERM."""
 
 import argparse
 import os
 import signal
 import threading
 
-from harness.offline_model.server import OfflineModelServer
-from harness.offline_model.state import Latency
+from offline_model.server import OfflineModelServer
+from offline_model.state import Latency
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m harness.offline_model",
+        prog="python -m offline_model",
         description="A deterministic, scriptable stand-in for the Anthropic Messages API.",
     )
     parser.add_argument("--host", default="127.0.0.1")

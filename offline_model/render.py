@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from harness.offline_model.script import Block, Turn
+from offline_model.script import Block, Turn
 
 
 @dataclass(frozen=True)

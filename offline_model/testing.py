@@ -20,8 +20,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from harness.offline_model.server import OfflineModelServer
-from harness.offline_model.state import FaultKind, Latency
+from offline_model.server import OfflineModelServer
+from offline_model.state import FaultKind, Latency
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,7 +75,7 @@ def start_offline_model(*, ttft_ms: float = 0, tps: float = 0, in_subprocess: bo
 
 
 def _start_subprocess(*, ttft_ms: float, tps: float) -> OfflineModel:
-    command = [sys.executable, "-m", "harness.offline_model", "--port", "0"]
+    command = [sys.executable, "-m", "offline_model", "--port", "0"]
     command += ["--ttft-ms", str(ttft_ms), "--tps", str(tps)]
     python_path = os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")]))
     process = subprocess.Popen(

@@ -21,9 +21,9 @@ from itertools import islice
 from typing import Any
 from urllib.parse import urlsplit
 
-from harness.offline_model.render import Event, error_body, message_body, stream_events
-from harness.offline_model.script import Turn, count_input_tokens, plan_turn
-from harness.offline_model.state import FAULT_KINDS, Latency, ServerState
+from offline_model.render import Event, error_body, message_body, stream_events
+from offline_model.script import Turn, count_input_tokens, plan_turn
+from offline_model.state import FAULT_KINDS, Latency, ServerState
 
 log = logging.getLogger(__name__)
 

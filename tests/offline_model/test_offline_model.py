@@ -12,8 +12,8 @@ import httpx
 import httpx2
 import pytest
 
-from harness.offline_model.script import find_script, parse_script, split_tokens
-from harness.offline_model.testing import OfflineModel, start_offline_model
+from offline_model.script import find_script, parse_script, split_tokens
+from offline_model.testing import OfflineModel, start_offline_model
 
 MODEL = "claude-offline"
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from harness.context import validate_context
+from harness.registry import validate_harness_name
 from harness.tools import HAND_TOOL_POLICIES
-from workbench.api.errors import InvalidRequest
-from workbench.api.validation import MISSING, expect, metadata, no_unknown_fields, text
+from kernel.api.validation import MISSING, expect, metadata, no_unknown_fields, patch_metadata, text
+from kernel.errors import Invalid
 
 TOOLSET_TYPE = "agent_toolset_20260401"
 TOOLSET_TOOLS = ("bash", "edit", "read", "write", "glob", "grep", "web_fetch", "web_search")
@@ -34,7 +36,7 @@ _CUSTOM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 def _policy(value: Any, where: str) -> dict[str, str]:
     expect(value, dict, where)
     if value.get("type") not in PERMISSION_POLICIES:
-        raise InvalidRequest(
+        raise Invalid(
             f"{where}.type must be one of {', '.join(PERMISSION_POLICIES)}, not {value.get('type')!r}."
         )
     return {"type": value["type"]}
@@ -61,7 +63,7 @@ def _toolset(tool: dict[str, Any], where: str) -> dict[str, Any]:
         expect(config, dict, cwhere)
         name = config.get("name")
         if name not in TOOLSET_TOOLS and name not in HAND_TOOL_POLICIES:
-            raise InvalidRequest(
+            raise Invalid(
                 f"{cwhere}.name must be one of {', '.join([*TOOLSET_TOOLS, *HAND_TOOL_POLICIES])}, "
                 f"not {name!r}."
             )
@@ -98,9 +100,7 @@ def _mcp_toolset(tool: dict[str, Any], where: str, servers: set[str]) -> dict[st
     no_unknown_fields(tool, ("type", "mcp_server_name", "default_config", "configs"), where)
     server = text(tool, "mcp_server_name", where, required=True, min_length=1)
     if server not in servers:
-        raise InvalidRequest(
-            f"{where}.mcp_server_name {server!r} does not name any of the agent's mcp_servers."
-        )
+        raise Invalid(f"{where}.mcp_server_name {server!r} does not name any of the agent's mcp_servers.")
     default = _tool_config(tool.get("default_config", {}), f"{where}.default_config", "always_ask")
     configs = []
     for i, config in enumerate(expect(tool.get("configs", []), list, f"{where}.configs")):
@@ -119,13 +119,11 @@ def _custom(tool: dict[str, Any], where: str) -> dict[str, Any]:
     no_unknown_fields(tool, ("type", "name", "description", "input_schema"), where)
     name = text(tool, "name", where, required=True)
     if not _CUSTOM_NAME.match(name):
-        raise InvalidRequest(
-            f"{where}.name must be 1-128 characters of letters, digits, '_' or '-', not {name!r}."
-        )
+        raise Invalid(f"{where}.name must be 1-128 characters of letters, digits, '_' or '-', not {name!r}.")
     description = text(tool, "description", where, required=True)
     schema = expect(tool.get("input_schema"), dict, f"{where}.input_schema")
     if schema.get("type") != "object":
-        raise InvalidRequest(f"{where}.input_schema.type must be 'object'.")
+        raise Invalid(f"{where}.input_schema.type must be 'object'.")
     return {"type": "custom", "name": name, "description": description, "input_schema": schema}
 
 
@@ -146,15 +144,15 @@ def _tools(value: Any, servers: set[str]) -> list[dict[str, Any]]:
             resolved = _custom(tool, where)
             tool_names = [resolved["name"]]
         else:
-            raise InvalidRequest(f"{where}.type must be {TOOLSET_TYPE}, mcp_toolset or custom, not {kind!r}.")
+            raise Invalid(f"{where}.type must be {TOOLSET_TYPE}, mcp_toolset or custom, not {kind!r}.")
         for name in tool_names:
             if name in names:
-                raise InvalidRequest(f"{where}: tool name {name!r} is defined twice.")
+                raise Invalid(f"{where}: tool name {name!r} is defined twice.")
             names.add(name)
         tools.append(resolved)
     unreferenced = servers - referenced
     if unreferenced:
-        raise InvalidRequest(
+        raise Invalid(
             f"mcp_servers {', '.join(sorted(unreferenced))} must each be used by an mcp_toolset in 'tools'."
         )
     return tools
@@ -163,17 +161,17 @@ def _tools(value: Any, servers: set[str]) -> list[dict[str, Any]]:
 def _mcp_servers(value: Any) -> list[dict[str, Any]]:
     expect(value, list, "'mcp_servers'")
     if len(value) > 20:
-        raise InvalidRequest("'mcp_servers' may hold at most 20 servers.")
+        raise Invalid("'mcp_servers' may hold at most 20 servers.")
     servers, names = [], set()
     for i, server in enumerate(value):
         where = f"mcp_servers[{i}]"
         no_unknown_fields(expect(server, dict, where), ("type", "name", "url"), where)
         if server.get("type") != "url":
-            raise InvalidRequest(f"{where}.type must be 'url'.")
+            raise Invalid(f"{where}.type must be 'url'.")
         name = text(server, "name", where, required=True, min_length=1, max_length=255)
         url = text(server, "url", where, required=True, min_length=1)
         if name in names:
-            raise InvalidRequest(f"{where}.name {name!r} is used twice.")
+            raise Invalid(f"{where}.name {name!r} is used twice.")
         names.add(name)
         servers.append({"type": "url", "name": name, "url": url})
     return servers
@@ -202,7 +200,7 @@ def _skills(value: Any) -> list[dict[str, Any]]:
         where = f"skills[{i}]"
         expect(skill, dict, where)
         if skill.get("type") not in ("anthropic", "custom"):
-            raise InvalidRequest(f"{where}.type must be 'anthropic' or 'custom'.")
+            raise Invalid(f"{where}.type must be 'anthropic' or 'custom'.")
         skill_id = text(skill, "skill_id", where, required=True, min_length=1)
         skills.append(
             {"type": skill["type"], "skill_id": skill_id, "version": str(skill.get("version") or "latest")}
@@ -211,14 +209,10 @@ def _skills(value: Any) -> list[dict[str, Any]]:
 
 
 def _context(value: Any) -> dict[str, Any]:
-    from harness.context import validate_context
-
     return validate_context(value)
 
 
 def _harness(value: Any) -> str:
-    from harness.registry import validate_harness_name
-
     return validate_harness_name(value)
 
 
@@ -236,7 +230,7 @@ def normalise_agent_config(body: dict[str, Any], *, current: dict[str, Any] | No
         config.setdefault(key, None)
     if "model" in body or creating:
         if "model" not in body:
-            raise InvalidRequest("'model' is required.")
+            raise Invalid("'model' is required.")
         config["model"] = _model(body["model"])
     if "mcp_servers" in body or creating:
         config["mcp_servers"] = _mcp_servers(body.get("mcp_servers") or [])
@@ -252,11 +246,9 @@ def normalise_agent_config(body: dict[str, Any], *, current: dict[str, Any] | No
         identity = body.get("execution_identity") or {"type": "service_account"}
         expect(identity, dict, "'execution_identity'")
         if identity.get("type") not in ("service_account", "aws_role"):
-            raise InvalidRequest("'execution_identity.type' must be 'service_account' or 'aws_role'.")
+            raise Invalid("'execution_identity.type' must be 'service_account' or 'aws_role'.")
         config["execution_identity"] = identity
     if "metadata" in body:
-        from workbench.api.validation import patch_metadata
-
         patch = metadata(body["metadata"], patch=not creating)
         config["metadata"] = (
             patch_metadata(config.get("metadata", {}), patch) if not creating else dict(patch)

@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from harness.agent_config import normalise_agent_config
 from harness.models import Agent, AgentVersion
-from workbench.api.errors import Conflict, InvalidRequest, NotFound
-from workbench.api.validation import no_unknown_fields
+from kernel.api.validation import no_unknown_fields
+from kernel.errors import Conflict, Invalid, NotFound
 
 _UPDATABLE = (
     "description",
@@ -45,7 +45,7 @@ def agent_json(version: AgentVersion) -> dict[str, Any]:
 def get_agent(agent_id: str) -> Agent:
     agent = Agent.objects.filter(id=agent_id).first()
     if agent is None:
-        raise NotFound(f"No agent with id {agent_id!r}.")
+        raise NotFound("agent", agent_id)
     return agent
 
 
@@ -54,7 +54,11 @@ def get_agent_version(agent_id: str, version: int | None = None) -> AgentVersion
     number = agent.version if version is None else version
     found = AgentVersion.objects.select_related("agent").filter(agent=agent, version=number).first()
     if found is None:
-        raise NotFound(f"Agent {agent_id} has no version {number}; its latest is {agent.version}.")
+        raise NotFound(
+            "agent version",
+            f"{agent_id}@{number}",
+            f"Agent {agent_id} has no version {number}; its latest is {agent.version}.",
+        )
     return found
 
 
@@ -72,9 +76,9 @@ def agent_update(agent_id: str, body: dict[str, Any]) -> AgentVersion:
     no_unknown_fields(body, _UPDATABLE, "agent update")
     agent = Agent.objects.select_for_update().filter(id=agent_id).first()
     if agent is None:
-        raise NotFound(f"No agent with id {agent_id!r}.")
+        raise NotFound("agent", agent_id)
     if agent.archived_at is not None:
-        raise InvalidRequest(f"Agent {agent_id} is archived and cannot be changed.")
+        raise Invalid(f"Agent {agent_id} is archived and cannot be changed.")
     expected = body.get("version")
     if expected is not None and expected != agent.version:
         raise Conflict(

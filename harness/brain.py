@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 
 from harness.fold import SessionState, fold
+from harness.harnesses import harness_for, pending
 from harness.lease import Lease, lease_acquire, lease_release, lease_renew
 from harness.model import Cancelled
 from sessions.models import Event
@@ -245,8 +246,6 @@ def worker_name() -> str:
 
 def run_brain(session_id: str, *, by: str = "event") -> str:
     """Work the session until it has nothing to do. Returns what happened, for logs and tests."""
-    from harness.harnesses import harness_for, pending
-
     for _ in range(5):
         # The lease brings what the log holds beyond the prefix this process knows (one round trip).
         known = known_logs.pop(session_id)
@@ -303,8 +302,6 @@ def run_brain(session_id: str, *, by: str = "event") -> str:
 def has_pending_work(session_id: str) -> bool:
     """Whether the log shows work (the sweeper asks). A log that cannot be folded counts as work: the wake
     it brings fails, and the crash limit then parks the session rather than leaving it running."""
-    from harness.harnesses import pending
-
     events = get_events(session_id)
     try:
         return pending(fold(events))

@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from workbench.api.errors import InvalidRequest
+from kernel.errors import Invalid
+from sessions.selectors import get_events
 
 CONTEXT_TYPES = ("full", "window", "compaction")
 
 
 def validate_context(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict) or value.get("type") not in CONTEXT_TYPES:
-        raise InvalidRequest(
+        raise Invalid(
             "'context' must be an object with 'type' one of full, window (with 'last_events'), "
             "or compaction (with 'trigger_events' and 'keep_events')."
         )
@@ -31,7 +32,7 @@ def validate_context(value: Any) -> dict[str, Any]:
 def _positive(value: dict[str, Any], key: str, default: int) -> int:
     number = value.get(key, default)
     if not isinstance(number, int) or isinstance(number, bool) or number < 1:
-        raise InvalidRequest(f"'context.{key}' must be a positive integer, not {number!r}.")
+        raise Invalid(f"'context.{key}' must be a positive integer, not {number!r}.")
     return number
 
 
@@ -142,8 +143,6 @@ def context_events(
 ) -> tuple[list[Any], str | None]:
     """The slice of the log a strategy shows the model, and any summary prefix. The log is not changed."""
     if strategy["type"] == "window":
-        from sessions.selectors import get_events
-
         return get_events(session_id, -strategy["last_events"]), None
     if strategy["type"] == "compaction":
         compacted = [

@@ -11,8 +11,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection
 from django.utils import timezone
+
+from sandboxes.models import Environment
+from sessions.models import Event
+from sessions.selectors import events_after
 
 if TYPE_CHECKING:
     from sessions.models import Event
@@ -32,8 +36,6 @@ class Lease:
 
 
 def _take(returning: str) -> str:
-    from sandboxes.models import Environment
-
     return (
         "UPDATE agent_sessions_session SET lease_epoch = lease_epoch + 1, lease_owner = %s, "
         "lease_expires_at = %s, wake_attempts = wake_attempts + 1, wake_queued_at = NULL "
@@ -47,8 +49,6 @@ def _take(returning: str) -> str:
 def _take_and_read(columns: list[str]) -> str:
     """PostgreSQL: the lease and the log's `columns` after a seq in one statement (one round trip on a wake's
     way to its first model call). The read sees the log as the statement began."""
-    from sessions.models import Event
-
     selected = ", ".join(f"ev.{name}" for name in columns)
     return (
         f"WITH lease AS ({_take('id, ')}) SELECT lease.lease_epoch, lease.wake_attempts, lease.agent_snapshot, "
@@ -58,8 +58,6 @@ def _take_and_read(columns: list[str]) -> str:
 
 
 def _event_columns() -> list[str]:
-    from sessions.models import Event
-
     return [column.attname for column in Event._meta.concrete_fields]
 
 
@@ -68,8 +66,6 @@ def lease_acquire(
 ) -> Lease | None:
     """The lease, if the session is free (or its lease lapsed) and can still work: not deleted, archived
     or terminated. With `read_after`, it brings the log's events after that seq (`Lease.events`)."""
-    from sessions.selectors import events_after
-
     now = timezone.now()
     params = [owner, now + timedelta(seconds=seconds), session_id, now]
     with connection.cursor() as cursor:
@@ -99,10 +95,6 @@ def lease_acquire(
 
 
 def _events(columns: list[str], rows: list[tuple[Any, ...]]) -> list[Event]:
-    from django.db import DEFAULT_DB_ALIAS
-
-    from sessions.models import Event
-
     payload = columns.index("payload")
     return [
         Event.from_db(DEFAULT_DB_ALIAS, columns, (*row[:payload], _json(row[payload]), *row[payload + 1 :]))

@@ -4,7 +4,7 @@ from functools import partial
 
 from django.db import models
 
-from workbench.ids import new_id
+from kernel.ids import new_id
 
 
 class Agent(models.Model):

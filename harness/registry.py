@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.api.errors import InvalidRequest
+from kernel.errors import Invalid
 
 # name -> one-line description; the harness classes register themselves in harness.harnesses.
 HARNESS_DESCRIPTIONS: dict[str, str] = {
@@ -15,7 +15,5 @@ HARNESS_DESCRIPTIONS: dict[str, str] = {
 
 def validate_harness_name(value: Any) -> str:
     if not isinstance(value, str) or value not in HARNESS_DESCRIPTIONS:
-        raise InvalidRequest(
-            f"'harness' must be one of {', '.join(sorted(HARNESS_DESCRIPTIONS))}, not {value!r}."
-        )
+        raise Invalid(f"'harness' must be one of {', '.join(sorted(HARNESS_DESCRIPTIONS))}, not {value!r}.")
     return value

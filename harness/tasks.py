@@ -14,6 +14,9 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from harness.brain import has_pending_work, run_brain
+from sessions.models import Session
+
 logger = logging.getLogger(__name__)
 
 
@@ -27,9 +30,6 @@ logger = logging.getLogger(__name__)
 def wake(session_id: str, by: str = "event") -> str:
     """Continue a session from its log. Safe to run twice or at once: the lease admits one brain, and only
     to a session that can still work (not deleted, archived or terminated)."""
-    from harness.brain import run_brain
-    from sessions.models import Session
-
     outcome = run_brain(session_id, by=by)
     if (
         outcome == "busy"
@@ -107,9 +107,6 @@ def sweep() -> int:
     At most one wake per session is queued: the mark it sets is cleared by the brain that takes the lease,
     so a session whose wake waits behind busy workers is not queued again every sweep.
     """
-    from harness.brain import has_pending_work
-    from sessions.models import Session
-
     now = timezone.now()
     lapsed = Q(lease_expires_at__lt=now) | Q(
         lease_expires_at__isnull=True, updated_at__lt=now - timedelta(seconds=2 * settings.LEASE_SECONDS)

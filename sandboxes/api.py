@@ -6,6 +6,10 @@ from typing import Any
 
 from django.http import HttpRequest
 
+from kernel.api.endpoint import endpoint
+from kernel.api.pagination import keyset_page
+from kernel.api.validation import no_unknown_fields, query_bool, query_int, text
+from kernel.errors import NotFound, Unavailable
 from sandboxes.environments import (
     environment_archive,
     environment_create,
@@ -25,10 +29,7 @@ from sandboxes.hands import (
 )
 from sandboxes.models import Environment, Sandbox
 from sandboxes.providers import SandboxError
-from workbench.api.endpoint import endpoint
-from workbench.api.errors import ServiceUnavailable
-from workbench.api.pagination import keyset_page
-from workbench.api.validation import no_unknown_fields, query_bool, query_int, text
+from sessions.models import Session
 
 
 def environments_create(request: HttpRequest) -> dict[str, Any]:
@@ -69,18 +70,13 @@ archive = endpoint(POST=environments_archive)
 
 
 def _session_or_404(session_id: str) -> None:
-    from sessions.models import Session
-    from workbench.api.errors import NotFound
-
     if not Session.objects.filter(id=session_id, deleted_at__isnull=True).exists():
-        raise NotFound(f"No session with id {session_id!r}.")
+        raise NotFound("session", session_id)
 
 
 def _held_by(session_id: str, sandbox_id: str) -> None:
-    from workbench.api.errors import NotFound
-
     if not Sandbox.objects.filter(id=sandbox_id, session_id=session_id).exists():
-        raise NotFound(f"Session {session_id} holds no sandbox {sandbox_id!r}.")
+        raise NotFound("sandbox", sandbox_id, f"Session {session_id} holds no sandbox {sandbox_id!r}.")
 
 
 def session_sandboxes_list(request: HttpRequest, session_id: str) -> dict[str, Any]:
@@ -100,7 +96,7 @@ def session_sandboxes_add(request: HttpRequest, session_id: str) -> dict[str, An
     try:
         return sandbox_json(sandbox_provision(session_id, name=name or "main"))
     except SandboxError as error:
-        raise ServiceUnavailable(f"The sandbox provider could not provision: {error}") from None
+        raise Unavailable(f"The sandbox provider could not provision: {error}") from None
 
 
 def session_sandbox_detach(request: HttpRequest, session_id: str, sandbox_id: str) -> dict[str, Any]:

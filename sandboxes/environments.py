@@ -9,9 +9,11 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from kernel.api.validation import expect, metadata, no_unknown_fields, patch_metadata, text
+from kernel.errors import Conflict, Invalid, NotFound
 from sandboxes.models import Environment
-from workbench.api.errors import Conflict, InvalidRequest, NotFound
-from workbench.api.validation import expect, metadata, no_unknown_fields, patch_metadata, text
+from sandboxes.pool import pool_size, queue_refill
+from sandboxes.providers import PROVIDERS
 
 PACKAGE_MANAGERS = ("apt", "cargo", "gem", "go", "npm", "pip")
 
@@ -39,7 +41,7 @@ def _networking(value: Any) -> dict[str, Any]:
                 value.get("allow_package_managers", False), bool, "'allow_package_managers'"
             ),
         }
-    raise InvalidRequest(f"'config.networking.type' must be 'unrestricted' or 'limited', not {kind!r}.")
+    raise Invalid(f"'config.networking.type' must be 'unrestricted' or 'limited', not {kind!r}.")
 
 
 def _packages(value: Any) -> dict[str, Any]:
@@ -99,7 +101,7 @@ def _number(key: str, number: Any, low: float, high: float, setting: str | None)
         or not (low <= number <= high)
     ):
         maximum = f" (this installation's maximum, {setting})" if setting else ""
-        raise InvalidRequest(
+        raise Invalid(
             f"'config.sandbox.{key}' must be {'a whole number' if whole else 'a number'} from "
             f"{_shown(low)} to {_shown(high)}{maximum}, not {number!r}."
         )
@@ -111,18 +113,16 @@ def _sandbox(value: Any) -> dict[str, Any]:
     Only what the body gives is held to the maxima: a default over a maximum an operator lowered is cut to
     it at provisioning (`sandboxes.hands.resources_for`), as a stored value is.
     """
-    from sandboxes.providers import PROVIDERS
-
     expect(value, dict, "'config.sandbox'")
     no_unknown_fields(value, tuple(SANDBOX_DEFAULTS), "config.sandbox")
     sandbox = {**SANDBOX_DEFAULTS, **value}
     if sandbox["provider"] is not None and sandbox["provider"] not in PROVIDERS:
-        raise InvalidRequest(
+        raise Invalid(
             f"'config.sandbox.provider' must be one of {', '.join(PROVIDERS)}, not {sandbox['provider']!r}."
         )
     expect(sandbox["image"], str, "'config.sandbox.image'", nullable=True)
     if sandbox["provisioning"] not in (None, "lazy", "eager"):
-        raise InvalidRequest("'config.sandbox.provisioning' must be 'lazy' or 'eager' (coupled).")
+        raise Invalid("'config.sandbox.provisioning' must be 'lazy' or 'eager' (coupled).")
     for key, (low, high, setting) in _bounds().items():
         if key in value:
             _number(key, value[key], low, high, setting)
@@ -138,7 +138,7 @@ def normalise_config(value: Any) -> dict[str, Any]:
         no_unknown_fields(value, ("type",), "config")
         return {"type": "self_hosted"}
     if kind != "cloud":
-        raise InvalidRequest(f"'config.type' must be 'cloud' or 'self_hosted', not {kind!r}.")
+        raise Invalid(f"'config.type' must be 'cloud' or 'self_hosted', not {kind!r}.")
     no_unknown_fields(value, ("type", "networking", "packages", "sandbox"), "config")
     networking = _networking(value.get("networking", {"type": "unrestricted"}))
     packages = _packages(value.get("packages", {}))
@@ -147,7 +147,7 @@ def normalise_config(value: Any) -> dict[str, Any]:
         and any(packages[m] for m in PACKAGE_MANAGERS)
         and not networking["allow_package_managers"]
     ):
-        raise InvalidRequest(
+        raise Invalid(
             "'config.packages' needs 'config.networking.allow_package_managers: true' "
             "when networking is limited."
         )
@@ -177,22 +177,20 @@ def environment_json(environment: Environment) -> dict[str, Any]:
 def get_environment(environment_id: str) -> Environment:
     environment = Environment.objects.filter(id=environment_id, deleted_at__isnull=True).first()
     if environment is None:
-        raise NotFound(f"No environment with id {environment_id!r}.", code="environment_not_found")
+        raise NotFound("environment", environment_id, code="environment_not_found")
     return environment
 
 
 def _scope(body: dict[str, Any]) -> Any:
     scope = body.get("scope", "organization")
     if scope not in ("organization", "account"):
-        raise InvalidRequest(f"'scope' must be 'organization' or 'account', not {scope!r}.")
+        raise Invalid(f"'scope' must be 'organization' or 'account', not {scope!r}.")
     return scope
 
 
 def _refill_on_commit(environment: Environment) -> None:
-    from sandboxes.pool import _queue_refill, pool_size
-
     if pool_size(environment) > 0:
-        transaction.on_commit(lambda: _queue_refill(environment.id))
+        transaction.on_commit(lambda: queue_refill(environment.id))
 
 
 class NameTaken(Conflict):
@@ -242,13 +240,13 @@ def environment_update(environment_id: str, body: dict[str, Any]) -> Environment
     no_unknown_fields(body, ("name", "config", "description", "metadata", "scope"), "environment update")
     environment = get_environment(environment_id)
     if environment.archived_at is not None:
-        raise InvalidRequest(
+        raise Invalid(
             f"Environment {environment_id} is archived and cannot be changed.", code="environment_archived"
         )
     if "config" in body:
         config = normalise_config(body["config"])
         if config["type"] != environment.config.get("type"):
-            raise InvalidRequest(
+            raise Invalid(
                 f"Environment {environment_id} is {environment.config.get('type')}; its config type cannot "
                 f"change to {config['type']}. Create a new environment instead.",
                 code="invalid_config_type_change",

@@ -16,20 +16,19 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from kernel.errors import Invalid, NotFound
 from sandboxes.models import Environment, Sandbox
 from sandboxes.pool import leave_pool, pool_take
 from sandboxes.providers import (
-    Provider,
-    Resources,
     SandboxError,
     SandboxGone,
     ToolFailed,
     ToolInputError,
-    get_provider,
 )
+from sandboxes.provisioning import provider_name, provider_of, resources_for
+from sandboxes.repositories import checkout_repositories
 from sessions.models import Session
 from sessions.services import emit_event
-from workbench.api.errors import InvalidRequest, NotFound
 
 logger = logging.getLogger(__name__)
 
@@ -42,41 +41,6 @@ LIVE = (Sandbox.Status.READY, Sandbox.Status.PROVISIONING)
 
 def _log(session_id: str) -> Emit:
     return lambda event: emit_event(session_id, event)
-
-
-def provisioning_mode(config: dict[str, Any]) -> str:
-    """ "lazy" (the first tool call provisions) or "eager" (the turn provisions before its first model call),
-    from an environment's config."""
-    return (config.get("sandbox") or {}).get("provisioning") or settings.SANDBOX_PROVISIONING
-
-
-def provider_name(environment: Environment) -> str:
-    return (environment.config.get("sandbox") or {}).get("provider") or settings.SANDBOX_PROVIDER
-
-
-def resources_for(environment: Environment, sandbox: Sandbox) -> Resources:
-    limits = environment.config.get("sandbox") or {}
-    labels = {
-        "workbench.sandbox": sandbox.id,
-        "workbench.environment": environment.id,
-        "workbench.deployment": settings.WORKBENCH_DEPLOYMENT,
-    }
-    disk_mb = min(limits.get("disk_mb") or settings.SANDBOX_DISK_MB, settings.SANDBOX_MAX_DISK_MB)
-    # The maxima bound what an environment stored before an operator lowered them. No network until
-    # egress goes through the credential-adding proxy (the vault's issue).
-    return Resources(
-        image=limits.get("image") or settings.SANDBOX_IMAGE,
-        cpus=min(float(limits.get("cpus", 1.0)), settings.SANDBOX_MAX_CPUS),
-        memory_mb=min(int(limits.get("memory_mb", 512)), settings.SANDBOX_MAX_MEMORY_MB),
-        pids=min(int(limits.get("pids", 256)), settings.SANDBOX_MAX_PIDS),
-        disk_mb=disk_mb if settings.SANDBOX_DISK_QUOTA else None,
-        network=False,
-        labels=labels,
-    )
-
-
-def provider_of(sandbox: Sandbox) -> Provider:
-    return get_provider(sandbox.provider)
 
 
 def held(session_id: str) -> list[Sandbox]:
@@ -99,13 +63,11 @@ def _new_sandbox(environment: Environment, *, session: Session, name: str) -> Sa
 
 def _check_name(name: str) -> None:
     if not name:
-        raise InvalidRequest(
-            f"A sandbox needs a name of 1 to {MAX_NAME_LENGTH} characters; this one is empty."
-        )
+        raise Invalid(f"A sandbox needs a name of 1 to {MAX_NAME_LENGTH} characters; this one is empty.")
     if len(name) > MAX_NAME_LENGTH:
-        raise InvalidRequest(f"A sandbox name must be at most {MAX_NAME_LENGTH} characters, not {len(name)}.")
+        raise Invalid(f"A sandbox name must be at most {MAX_NAME_LENGTH} characters, not {len(name)}.")
     if not name.isprintable():
-        raise InvalidRequest(f"A sandbox name must not hold control characters (such as newlines): {name!r}.")
+        raise Invalid(f"A sandbox name must not hold control characters (such as newlines): {name!r}.")
 
 
 def _check_room(session: Session, name: str | None) -> None:
@@ -116,11 +78,11 @@ def _check_room(session: Session, name: str | None) -> None:
         .values_list("name", flat=True)
     )
     if name is not None and name in names:
-        raise InvalidRequest(f"Session {session.id} already holds a sandbox named {name!r}.")
+        raise Invalid(f"Session {session.id} already holds a sandbox named {name!r}.")
     asked = (session.environment.config.get("sandbox") or {}).get("max_sandboxes")
     cap = min(asked or settings.SANDBOX_MAX_PER_SESSION, settings.SANDBOX_MAX_PER_SESSION)
     if len(names) >= cap:
-        raise InvalidRequest(
+        raise Invalid(
             f"Session {session.id} holds as many sandboxes as it may ({cap}: its environment's "
             f"config.sandbox.max_sandboxes, at most SANDBOX_MAX_PER_SESSION={settings.SANDBOX_MAX_PER_SESSION}): "
             f"{', '.join(map(repr, names))}. Release one first: the release_sandbox tool, or "
@@ -162,8 +124,6 @@ def sandbox_provision(session_id: str, *, name: str = DEFAULT_HAND, emit: Emit |
         }
     )
     if session.resources:
-        from sandboxes.repositories import checkout_repositories
-
         checkout_repositories(provider_of(sandbox), sandbox.handle, session.resources, emit)
     return sandbox
 
@@ -212,7 +172,7 @@ def execute(
         ), True
     except (ToolFailed, ToolInputError) as failure:
         return note + str(failure), True
-    except InvalidRequest as refused:  # a hand it may not provision: a bad name, or the session's cap
+    except Invalid as refused:  # a hand it may not provision: a bad name, or the session's cap
         return refused.message, True
     except SandboxError as error:
         return f"The sandbox provider could not run this call: {error}", True
@@ -231,11 +191,9 @@ def _free_name(session_id: str, wanted: str) -> str:
 def _live(sandbox_id: str) -> Sandbox:
     sandbox = Sandbox.objects.select_for_update().filter(id=sandbox_id).first()
     if sandbox is None:
-        raise NotFound(f"No sandbox with id {sandbox_id!r}.")
+        raise NotFound("sandbox", sandbox_id)
     if sandbox.status != Sandbox.Status.READY:
-        raise InvalidRequest(
-            f"Sandbox {sandbox_id} is {sandbox.status}; only a ready sandbox can change hands."
-        )
+        raise Invalid(f"Sandbox {sandbox_id} is {sandbox.status}; only a ready sandbox can change hands.")
     return sandbox
 
 
@@ -248,9 +206,9 @@ def _receiver(session_id: str) -> Session:
         .first()
     )
     if session is None:
-        raise NotFound(f"No session with id {session_id!r}.")
+        raise NotFound("session", session_id)
     if session.status == Session.Status.TERMINATED:
-        raise InvalidRequest(f"Session {session_id} is terminated; it cannot take a sandbox.")
+        raise Invalid(f"Session {session_id} is terminated; it cannot take a sandbox.")
     _check_room(session, None)
     return session
 
@@ -281,7 +239,7 @@ def sandbox_attach(sandbox_id: str, session_id: str, *, name: str | None = None)
     with transaction.atomic():
         sandbox = _live(sandbox_id)
         if sandbox.session_id is not None:
-            raise InvalidRequest(
+            raise Invalid(
                 f"Sandbox {sandbox_id} is held by session {sandbox.session_id}; detach it or "
                 "transfer it from there."
             )
@@ -299,7 +257,7 @@ def sandbox_detach(sandbox_id: str, *, emit: Emit | None = None) -> Sandbox:
     with transaction.atomic():
         sandbox = _live(sandbox_id)
         if sandbox.session_id is None:
-            raise InvalidRequest(f"Sandbox {sandbox_id} is not attached to any session.")
+            raise Invalid(f"Sandbox {sandbox_id} is not attached to any session.")
         (emit or _log(sandbox.session_id))(
             {"type": "sandbox.detached", "sandbox_id": sandbox.id, "name": sandbox.name}
         )
@@ -320,11 +278,9 @@ def sandbox_transfer(sandbox_id: str, to_session_id: str, *, emit: Emit | None =
         sandbox = _live(sandbox_id)
         source = sandbox.session_id
         if source is None:
-            raise InvalidRequest(
-                f"Sandbox {sandbox_id} is not attached; attach it instead of transferring it."
-            )
+            raise Invalid(f"Sandbox {sandbox_id} is not attached; attach it instead of transferring it.")
         if source == to_session_id:
-            raise InvalidRequest(f"Sandbox {sandbox_id} is already held by session {to_session_id}.")
+            raise Invalid(f"Sandbox {sandbox_id} is already held by session {to_session_id}.")
         _receiver(to_session_id)
         (emit or _log(source))(
             {
@@ -351,7 +307,7 @@ def sandbox_transfer(sandbox_id: str, to_session_id: str, *, emit: Emit | None =
 def sandbox_terminate(sandbox_id: str, *, emit: Emit | None = None) -> Sandbox:
     sandbox = Sandbox.objects.filter(id=sandbox_id).first()
     if sandbox is None:
-        raise NotFound(f"No sandbox with id {sandbox_id!r}.")
+        raise NotFound("sandbox", sandbox_id)
     if sandbox.status in (Sandbox.Status.READY, Sandbox.Status.PROVISIONING, Sandbox.Status.DEAD):
         try:
             if sandbox.handle:

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import logging
 
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 
 from sandboxes.models import Environment, Sandbox
 from sandboxes.providers import SandboxError
+from sandboxes.provisioning import provider_name, provider_of, resources_for
 
 logger = logging.getLogger(__name__)
+
+REFILL_TASK = "sandboxes.refill_pool"
 
 
 def pool_size(environment: Environment) -> int:
@@ -51,14 +55,13 @@ def pool_take(environment: Environment, *, session, name: str) -> Sandbox | None
             leave_pool(sandbox)
             sandbox.session, sandbox.name = session, name
             sandbox.save(update_fields=["session", "name", "labels"])
-    transaction.on_commit(lambda: _queue_refill(environment.id))
+    transaction.on_commit(lambda: queue_refill(environment.id))
     return sandbox
 
 
-def _queue_refill(environment_id: str) -> None:
-    from sandboxes.tasks import refill_pool
-
-    refill_pool.delay(environment_id)
+def queue_refill(environment_id: str) -> None:
+    """Queue the pool's refill by the task's name: the task (`sandboxes.tasks`) calls back into this module."""
+    current_app.send_task(REFILL_TASK, (environment_id,))
 
 
 def pool_refill(environment_id: str) -> int:
@@ -68,8 +71,6 @@ def pool_refill(environment_id: str) -> int:
     process, sees each container claimed: started inside this transaction, a container had no row the
     reaper could see, and it was removed as an orphan while the refill went on to mark it ready.
     """
-    from sandboxes.hands import provider_name, provider_of, resources_for
-
     with transaction.atomic():
         # The environment row's lock keeps two refills from overfilling the same pool: each counts the
         # sandboxes the other is still starting.

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from sandboxes.hands import sandbox_terminate
 from sandboxes.models import Sandbox
 from sandboxes.providers import PROVIDERS, SandboxError, get_provider
 
@@ -21,8 +22,6 @@ PROVISIONING_GRACE = timedelta(minutes=2)
 
 def reap_idle() -> list[str]:
     """Terminate sandboxes idle past their environment's TTL, and those of sessions that have ended."""
-    from sandboxes.hands import sandbox_terminate
-
     now = timezone.now()
     reaped = []
     ready = Sandbox.objects.filter(status=Sandbox.Status.READY).exclude(

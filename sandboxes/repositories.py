@@ -22,9 +22,9 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from kernel.api.validation import expect, no_unknown_fields, text
+from kernel.errors import Invalid
 from sandboxes.providers import SandboxError
-from workbench.api.errors import InvalidRequest
-from workbench.api.validation import expect, no_unknown_fields, text
 
 WORKSPACE = "/workspace/"
 CLONE_TIMEOUT_SECONDS = 300
@@ -68,14 +68,12 @@ def _printable(value: str) -> bool:
 
 def _url(url: str, where: str) -> str:
     if not _printable(url):
-        raise InvalidRequest(f"'{where}' must not contain spaces or control characters.")
+        raise Invalid(f"'{where}' must not contain spaces or control characters.")
     if _CREDENTIALS_IN_URL.search(url):
-        raise InvalidRequest(
-            f"'{where}' must not carry credentials; give the token as 'authorization_token'."
-        )
+        raise Invalid(f"'{where}' must not carry credentials; give the token as 'authorization_token'.")
     scheme = next((s for s in ("https", "http", "git") if url.startswith(f"{s}://")), None)
     if scheme is None:
-        raise InvalidRequest(
+        raise Invalid(
             f"'{where}' must be an https:// URL (local paths, host:path and git's other "
             f"transports are not accepted), not {url!r}."
         )
@@ -83,13 +81,11 @@ def _url(url: str, where: str) -> str:
     try:
         host, _ = parts.hostname or "", parts.port
     except ValueError:
-        raise InvalidRequest(f"'{where}' has a malformed host or port: {url!r}.") from None
+        raise Invalid(f"'{where}' has a malformed host or port: {url!r}.") from None
     if not (_HOSTNAME.fullmatch(host) or _is_ip(host)):
-        raise InvalidRequest(
-            f"'{where}' must name a host, as https://github.com/owner/repo does; not {url!r}."
-        )
+        raise Invalid(f"'{where}' must name a host, as https://github.com/owner/repo does; not {url!r}.")
     if scheme != "https" and host not in settings.REPOSITORY_PLAIN_HOSTS:
-        raise InvalidRequest(
+        raise Invalid(
             f"'{where}' must be an https:// URL: plain {scheme}:// is allowed only for the hosts "
             f"in REPOSITORY_PLAIN_HOSTS ({', '.join(settings.REPOSITORY_PLAIN_HOSTS) or 'none'})."
         )
@@ -113,7 +109,7 @@ def _checkout(value: Any, where: str) -> dict[str, str] | None:
         no_unknown_fields(value, ("type", "name"), where)
         name = text(value, "name", where, required=True, min_length=1, max_length=255)
         if name in ("@", "HEAD") or _NOT_A_BRANCH.search(name):
-            raise InvalidRequest(
+            raise Invalid(
                 f"'{where}.name' must be a git branch name (not starting with '-' or '.', "
                 f"without '..', spaces, control characters or any of ~^:?*[\\), not {name!r}."
             )
@@ -122,18 +118,18 @@ def _checkout(value: Any, where: str) -> dict[str, str] | None:
         no_unknown_fields(value, ("type", "sha"), where)
         sha = text(value, "sha", where, required=True, min_length=1)
         if not _SHA.fullmatch(sha):
-            raise InvalidRequest(
+            raise Invalid(
                 f"'{where}.sha' must be a commit id of 7 to 40 hexadecimal digits "
                 f"(64 for a SHA-256 repository), not {sha!r}."
             )
         return {"type": "commit", "sha": sha}
-    raise InvalidRequest(f"'{where}.type' must be 'branch' or 'commit', not {kind!r}.")
+    raise Invalid(f"'{where}.type' must be 'branch' or 'commit', not {kind!r}.")
 
 
 def _mount_path(path: str, where: str) -> str:
     folder = path.rstrip("/")
     if not (folder.startswith(WORKSPACE) and posixpath.normpath(folder) == folder and _printable(folder)):
-        raise InvalidRequest(
+        raise Invalid(
             f"'{where}' must be a folder under {WORKSPACE} (an absolute path without '.' or "
             f"'..' parts), not {path!r}."
         )
@@ -142,7 +138,7 @@ def _mount_path(path: str, where: str) -> str:
 
 def checked_repository(resource: dict[str, Any], where: str) -> dict[str, Any]:
     """The url, mount_path, checkout and token of a github_repository resource, each checked by its
-    documented shape; raises InvalidRequest naming the field (`where` is the resource, e.g. resources[0])."""
+    documented shape; raises Invalid naming the field (`where` is the resource, e.g. resources[0])."""
     url = _url(text(resource, "url", where, required=True, min_length=1, max_length=2048), f"{where}.url")
     name = PurePosixPath(urlsplit(url).path).name.removesuffix(".git") or urlsplit(url).hostname
     mount_path = text(resource, "mount_path", where, max_length=1024, default=f"{WORKSPACE}{name}")
@@ -154,16 +150,9 @@ def checked_repository(resource: dict[str, Any], where: str) -> dict[str, Any]:
     token = text(resource, "authorization_token", where, nullable=True, max_length=4096, default=None)
     if token:
         if not _printable(token):
-            raise InvalidRequest(
-                f"'{where}.authorization_token' must not contain spaces or control characters."
-            )
+            raise Invalid(f"'{where}.authorization_token' must not contain spaces or control characters.")
         checked["authorization_token"] = token
     return checked
-
-
-def without_token(resource: dict[str, Any]) -> dict[str, Any]:
-    """A resource as it may be shown or copied: a repository token is write-only and stays with its session."""
-    return {key: value for key, value in resource.items() if key != "authorization_token"}
 
 
 def _shown(url: Any) -> Any:
@@ -295,7 +284,7 @@ def checkout_repositories(provider: Any, handle: str, resources: list[dict[str, 
         try:
             provider.copy_in(handle, repository_archive(resource, where=f"resources[{i}]"))
             continue
-        except InvalidRequest as error:
+        except Invalid as error:
             kind, reason = "repository_clone_error", error.message
         except RepositoryError as error:
             kind, reason = error.kind, str(error)

@@ -4,25 +4,22 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from sandboxes.models import Environment
+from sandboxes.pool import REFILL_TASK, pool_refill, pool_size
+from sandboxes.reaper import reap_idle, reap_orphans
 
-@shared_task(ignore_result=True, time_limit=600, soft_time_limit=570)
+
+@shared_task(name=REFILL_TASK, ignore_result=True, time_limit=600, soft_time_limit=570)
 def refill_pool(environment_id: str) -> int:
-    from sandboxes.pool import pool_refill
-
     return pool_refill(environment_id)
 
 
 @shared_task(ignore_result=True, time_limit=600, soft_time_limit=570)
 def maintain_pools() -> int:
-    from sandboxes.models import Environment
-    from sandboxes.pool import pool_refill, pool_size
-
     environments = Environment.objects.filter(deleted_at__isnull=True, archived_at__isnull=True)
     return sum(pool_refill(e.id) for e in environments if pool_size(e) > 0)
 
 
 @shared_task(ignore_result=True, time_limit=600, soft_time_limit=570)
 def reap() -> dict[str, list[str]]:
-    from sandboxes.reaper import reap_idle, reap_orphans
-
     return {"idle": reap_idle(), "orphans": reap_orphans()}

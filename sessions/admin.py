@@ -2,7 +2,6 @@ import json
 
 from django.contrib import admin
 
-from sandboxes.repositories import without_token
 from sessions.models import Event, Session
 
 
@@ -17,7 +16,7 @@ class SessionAdmin(admin.ModelAdmin):
 
     @admin.display(description="resources")
     def shown_resources(self, obj: Session) -> str:
-        return json.dumps([without_token(r) for r in obj.resources], indent=2)
+        return json.dumps(obj.shown_resources(), indent=2)
 
 
 @admin.register(Event)

@@ -11,11 +11,11 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from kernel.api.validation import text_problem
+from kernel.auth import scope_is_authenticated
 from sessions.broadcast import group_name
 from sessions.selectors import session_length
 from sessions.stream import Sequencer
-from workbench.api.validation import text_problem
-from workbench.auth import scope_is_authenticated
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404

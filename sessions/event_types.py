@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.api.errors import InvalidRequest
-from workbench.api.validation import expect, no_unknown_fields, text
+from kernel.api.validation import expect, no_unknown_fields, text
+from kernel.errors import Invalid
 
 MANAGED_AGENTS_TYPES = frozenset(
     [
@@ -89,14 +89,14 @@ def _content(value: Any, where: str, *, allowed: tuple[str, ...]) -> list[dict[s
         expect(block, dict, f"'{bwhere}'")
         kind = block.get("type")
         if kind not in allowed:
-            raise InvalidRequest(f"'{bwhere}.type' must be one of {', '.join(allowed)}, not {kind!r}.")
+            raise Invalid(f"'{bwhere}.type' must be one of {', '.join(allowed)}, not {kind!r}.")
         if kind == "text":
             no_unknown_fields(block, ("type", "text", "citations", "cache_control"), bwhere)
             text(block, "text", bwhere, required=True)
         elif kind in ("image", "document"):
             source = expect(block.get("source"), dict, f"'{bwhere}.source'")
             if source.get("type") not in ("base64", "url", "file", "text"):
-                raise InvalidRequest(f"'{bwhere}.source.type' must be base64, url, file or text.")
+                raise Invalid(f"'{bwhere}.source.type' must be base64, url, file or text.")
         elif kind == "search_result":
             for key in ("source", "title"):
                 text(block, key, bwhere, required=True)
@@ -109,22 +109,20 @@ def validate_sendable(event: Any, where: str) -> dict[str, Any]:
     expect(event, dict, f"'{where}'")
     kind = event.get("type")
     if kind not in SENDABLE_TYPES:
-        raise InvalidRequest(
-            f"'{where}.type' is {kind!r}; events you can send are {', '.join(SENDABLE_TYPES)}."
-        )
+        raise Invalid(f"'{where}.type' is {kind!r}; events you can send are {', '.join(SENDABLE_TYPES)}.")
     if kind == "user.message":
         no_unknown_fields(event, ("type", "content"), where)
         if "content" not in event:
-            raise InvalidRequest(f"'{where}.content' is required.")
+            raise Invalid(f"'{where}.content' is required.")
         content = _content(
             event["content"], f"{where}.content", allowed=("text", "image", "document", "redacted")
         )
         if not content:
-            raise InvalidRequest(f"'{where}.content' must hold at least one block.")
+            raise Invalid(f"'{where}.content' must hold at least one block.")
     elif kind == "system.message":
         no_unknown_fields(event, ("type", "content"), where)
         if "content" not in event:
-            raise InvalidRequest(f"'{where}.content' is required.")
+            raise Invalid(f"'{where}.content' is required.")
         _content(event["content"], f"{where}.content", allowed=("text",))
     elif kind == "user.interrupt":
         no_unknown_fields(event, ("type", "session_thread_id"), where)
@@ -135,10 +133,10 @@ def validate_sendable(event: Any, where: str) -> dict[str, Any]:
         )
         text(event, "tool_use_id", where, required=True, min_length=1)
         if event.get("result") not in ("allow", "deny"):
-            raise InvalidRequest(f"'{where}.result' must be 'allow' or 'deny', not {event.get('result')!r}.")
+            raise Invalid(f"'{where}.result' must be 'allow' or 'deny', not {event.get('result')!r}.")
         if "deny_message" in event:
             if event["result"] != "deny":
-                raise InvalidRequest(f"'{where}.deny_message' is only allowed with result 'deny'.")
+                raise Invalid(f"'{where}.deny_message' is only allowed with result 'deny'.")
             text(event, "deny_message", where, nullable=True)
     elif kind in ("user.custom_tool_result", "user.tool_result"):
         id_field = "custom_tool_use_id" if kind == "user.custom_tool_result" else "tool_use_id"
@@ -155,17 +153,17 @@ def validate_sendable(event: Any, where: str) -> dict[str, Any]:
         text(event, "description", where, required=True, min_length=1)
         rubric = expect(event.get("rubric"), dict, f"'{where}.rubric'")
         if rubric.get("type") not in ("text", "file"):
-            raise InvalidRequest(f"'{where}.rubric.type' must be 'text' or 'file'.")
+            raise Invalid(f"'{where}.rubric.type' must be 'text' or 'file'.")
         iterations = event.get("max_iterations", 3)
         if not isinstance(iterations, int) or isinstance(iterations, bool) or not 1 <= iterations <= 20:
-            raise InvalidRequest(f"'{where}.max_iterations' must be an integer from 1 to 20.")
+            raise Invalid(f"'{where}.max_iterations' must be an integer from 1 to 20.")
     return event
 
 
 def validate_types_filter(types: list[str], where: str = "types[]") -> list[str]:
     unknown = [t for t in types if t not in KNOWN_TYPES]
     if unknown:
-        raise InvalidRequest(
+        raise Invalid(
             f"Query parameter '{where}' has unknown event type{'s' if len(unknown) > 1 else ''} "
             f"{', '.join(repr(u) for u in unknown)}."
         )

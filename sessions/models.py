@@ -5,7 +5,7 @@ from typing import Any
 
 from django.db import models
 
-from workbench.ids import new_id
+from kernel.ids import new_id
 
 
 class Session(models.Model):
@@ -56,6 +56,12 @@ class Session(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+    def shown_resources(self) -> list[dict[str, Any]]:
+        """The resources as they may be shown or copied: a repository token is write-only and stays here."""
+        return [
+            {k: v for k, v in resource.items() if k != "authorization_token"} for resource in self.resources
+        ]
 
 
 class AppendOnlyError(Exception):

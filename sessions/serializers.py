@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandboxes.repositories import without_token
 from sessions.models import Session
 
 
@@ -18,7 +17,7 @@ def session_json(session: Session) -> dict[str, Any]:
         "environment_id": session.environment_id,
         "title": session.title,
         "metadata": session.metadata,
-        "resources": [without_token(r) for r in session.resources],
+        "resources": session.shown_resources(),
         "vault_ids": session.vault_ids,
         "budget": session.budget,
         "outcome_evaluations": [],

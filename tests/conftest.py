@@ -16,9 +16,9 @@ import pytest
 from django.db import connection
 
 from harness.agents import agent_create
+from harness.services.lifecycle import session_create
+from kernel.models import ApiKey, hash_key
 from sandboxes.environments import environment_create
-from sessions.services.lifecycle import session_create
-from workbench.models import ApiKey, hash_key
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

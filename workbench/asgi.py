@@ -19,7 +19,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 
-from workbench.auth import ApiKeyOrSessionAuthMiddleware  # noqa: E402
+from kernel.auth import ApiKeyOrSessionAuthMiddleware  # noqa: E402
 from workbench.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -28,7 +28,7 @@ class ApiHandler(ASGIHandler):
 
     The API authenticates by key, is CSRF-exempt and keeps no session, and under ASGI every sync
     middleware costs a hop to the request's thread and back (about 10 ms a request on 2 cores with the
-    seven the pages need). The views check the host themselves (`workbench.api.endpoint`).
+    seven the pages need). The views check the host themselves (`kernel.api.endpoint`).
     """
 
     def load_middleware(self, is_async: bool = False) -> None:
@@ -41,10 +41,10 @@ class ApiHandler(ASGIHandler):
 
 def _json_errors(get_response: Any) -> Any:
     """Django's own error pages are HTML; an API client gets every 5xx in the `/v1` envelope instead (a
-    view's errors are already enveloped by `workbench.api.endpoint`; these are the ones outside a view)."""
+    view's errors are already enveloped by `kernel.api.endpoint`; these are the ones outside a view)."""
     from asgiref.sync import iscoroutinefunction
 
-    from workbench.api.endpoint import internal_error
+    from kernel.api.endpoint import internal_error
 
     def enveloped(request: Any, response: Any) -> Any:
         if response.status_code < 500 or response.get("Content-Type", "").startswith("application/json"):

@@ -1,4 +1,4 @@
-"""Middleware of the pages (not `/v1`, which checks its own parameters in `workbench.api.endpoint`)."""
+"""Middleware of the pages (not `/v1`, which checks its own parameters in `kernel.api.endpoint`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.core.exceptions import BadRequest
 from django.http import Http404, HttpRequest, HttpResponse
 
-from workbench.api.validation import text_problem
+from kernel.api.validation import text_problem
 
 
 def refuse_what_is_not_text(request: HttpRequest) -> None:

@@ -24,7 +24,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
-    "workbench",
+    "kernel.apps.KernelConfig",
     "sessions.apps.SessionsConfig",
     "harness.apps.HarnessConfig",
     "sandboxes.apps.SandboxesConfig",

@@ -1,9 +1,9 @@
 from django.contrib import admin
 from django.urls import include, path
 
-import harness.api as agents
+import harness.api.agents as agents
+import harness.api.sessions as sessions
 import sandboxes.api as environments
-import sessions.api as sessions
 from workbench import views
 
 v1 = [

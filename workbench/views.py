@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from workbench.api.endpoint import error_response
-from workbench.api.errors import NotFound
+from kernel.api.endpoint import error_response
+from kernel.api.errors import NotFound
 
 
 def api_not_found(request: HttpRequest, rest: str) -> HttpResponse:

@@ -8,6 +8,7 @@ from harness.harnesses.base import Harness, ToolUseHarness, pending
 from harness.harnesses.bash_only import BashOnlyHarness
 from harness.harnesses.claude import ClaudeHarness
 from harness.registry import HARNESS_DESCRIPTIONS
+from sandboxes.provisioning import provisioning_mode
 
 if TYPE_CHECKING:
     from harness.brain import Brain
@@ -21,8 +22,6 @@ def harness_for(brain: Brain) -> Harness:
 
     The agent and the environment (its provisioning mode, for the brain's eager hand) come with the lease.
     """
-    from sandboxes.hands import provisioning_mode
-
     agent = brain.lease.agent
     brain.provisioning = provisioning_mode(brain.lease.environment)
     name = brain.state.harness or agent.get("harness") or "claude"

@@ -12,8 +12,11 @@ from harness.context import context_events, messages_from_events
 from harness.fold import ToolCall
 from harness.model import Cancelled, ModelError, stream_response
 from harness.tools import SAFE_TO_REPEAT, Tool, input_problem
+from kernel.errors import DomainError
+from kernel.ids import new_id
+from sandboxes.hands import execute, held, sandbox_provision, sandbox_terminate, sandbox_transfer
+from sandboxes.providers import SandboxError
 from sessions.broadcast import publish_preview
-from workbench.ids import new_id
 
 if TYPE_CHECKING:
     from harness.brain import Brain
@@ -26,9 +29,6 @@ def _running(brain: Brain) -> None:
 
 def _ensure_hand(brain: Brain) -> None:
     """Coupled ("eager") mode: the session's sandbox, with its repositories, exists before a model call."""
-    from sandboxes.hands import held, sandbox_provision
-    from sandboxes.providers import SandboxError
-
     if brain.provisioning == "eager" and not held(brain.session_id):
         _running(brain)
         # A failure is recorded as sandbox.failed; the turn goes on and a tool call will say so.
@@ -216,8 +216,6 @@ class RunTool:
     recovering: bool = False
 
     def run(self, brain: Brain) -> None:
-        from sandboxes.hands import execute
-
         _running(brain)
         name, value = self.call.use.payload["name"], dict(self.call.use.payload.get("input") or {})
         if self.tool is None:
@@ -239,10 +237,6 @@ class RunTool:
 
 def run_hand_tool(brain: Brain, name: str, value: dict[str, Any]) -> tuple[str, bool]:
     """The model's own hands tools: provision, release and pass sandboxes."""
-    from sandboxes.hands import held, sandbox_provision, sandbox_terminate, sandbox_transfer
-    from sandboxes.providers import SandboxError
-    from workbench.api.errors import ApiError
-
     hands = {hand.name: hand for hand in held(brain.session_id)}
     try:
         if name == "provision_sandbox":
@@ -262,15 +256,13 @@ def run_hand_tool(brain: Brain, name: str, value: dict[str, Any]) -> tuple[str, 
             f"Passed sandbox {hand.name!r} to session {value['to_session']} (named {sandbox.name!r} there).",
             False,
         )
-    except (ApiError, SandboxError) as error:
+    except (DomainError, SandboxError) as error:
         return str(getattr(error, "message", error)), True
 
 
 def hands_note(session_id: str, *, logged: bool = True) -> str:
     """What the model is told of its sandboxes. `logged`: the session's log has a sandbox event (without
     one the session holds none, and the first model call of a session skips the query)."""
-    from sandboxes.hands import held
-
     hands = held(session_id) if logged else []
     if not hands:
         return "You hold no sandbox yet; your first tool call provisions one named 'main'."

@@ -5,7 +5,7 @@ import functools
 import django.db.models.deletion
 from django.db import migrations, models
 
-import workbench.ids
+import kernel.ids
 
 
 class Migration(migrations.Migration):
@@ -20,7 +20,7 @@ class Migration(migrations.Migration):
                 (
                     "id",
                     models.CharField(
-                        default=functools.partial(workbench.ids.new_id, *("agent",), **{}),
+                        default=functools.partial(kernel.ids.new_id, *("agent",), **{}),
                         editable=False,
                         max_length=40,
                         primary_key=True,

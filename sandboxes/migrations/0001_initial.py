@@ -4,7 +4,7 @@ import functools
 
 from django.db import migrations, models
 
-import workbench.ids
+import kernel.ids
 
 
 class Migration(migrations.Migration):
@@ -19,7 +19,7 @@ class Migration(migrations.Migration):
                 (
                     "id",
                     models.CharField(
-                        default=functools.partial(workbench.ids.new_id, *("env",), **{}),
+                        default=functools.partial(kernel.ids.new_id, *("env",), **{}),
                         editable=False,
                         max_length=40,
                         primary_key=True,

@@ -16,6 +16,7 @@ This file is also the one source of the toolbox's paths: the daemon and the prov
 # `socket` imports `enum` and costs ~12 ms at start-up, the bulk of this program's run time; the
 # C module has everything a unix-socket client needs.
 import _socket
+import json
 import sys
 import time
 
@@ -57,8 +58,6 @@ def connect(path=SOCKET_PATH, timeout_s=DAEMON_START_TIMEOUT_S, listener_uid=LIS
 
 
 def _fail(kind, message):
-    import json
-
     sys.stdout.write(json.dumps({"ok": False, "error": kind, "message": message}))
     return 3
 

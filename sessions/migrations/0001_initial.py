@@ -5,7 +5,7 @@ import functools
 import django.db.models.deletion
 from django.db import migrations, models
 
-import workbench.ids
+import kernel.ids
 
 
 class Migration(migrations.Migration):
@@ -23,7 +23,7 @@ class Migration(migrations.Migration):
                 (
                     "id",
                     models.CharField(
-                        default=functools.partial(workbench.ids.new_id, *("sesn",), **{}),
+                        default=functools.partial(kernel.ids.new_id, *("sesn",), **{}),
                         editable=False,
                         max_length=40,
                         primary_key=True,
@@ -103,7 +103,7 @@ class Migration(migrations.Migration):
                 (
                     "uid",
                     models.CharField(
-                        default=functools.partial(workbench.ids.new_id, *("sevt",), **{}),
+                        default=functools.partial(kernel.ids.new_id, *("sevt",), **{}),
                         editable=False,
                         max_length=40,
                         unique=True,

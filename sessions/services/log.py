@@ -13,10 +13,11 @@ from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
+from kernel.api.validation import NOT_TEXT
+from kernel.errors import Closed, NotFound
+from kernel.ids import new_id
 from sessions.broadcast import publish_event
 from sessions.models import Event, Session
-from workbench.api.validation import NOT_TEXT
-from workbench.ids import new_id
 
 # Status events set the session's status in the transaction that appends them.
 STATUS_BY_EVENT_TYPE = {
@@ -27,13 +28,13 @@ STATUS_BY_EVENT_TYPE = {
 }
 
 
-class SessionNotFound(LookupError):
+class SessionNotFound(NotFound):
     def __init__(self, session_id: str):
-        super().__init__(f"No session with id {session_id!r}.")
+        super().__init__("session", session_id)
         self.session_id = session_id
 
 
-class SessionClosed(Exception):
+class SessionClosed(Closed):
     """The session is archived or terminated: it takes no more events from users."""
 
     def __init__(self, session_id: str, state: str):

@@ -8,11 +8,11 @@ import threading
 import anthropic
 import pytest
 
+from kernel.errors import Conflict
 from sandboxes.environments import environment_create
 from sandboxes.models import Environment
 from tests.api.test_api import assert_error
 from tests.conftest import in_thread, on_postgres, require
-from workbench.api.errors import ApiError
 
 
 @pytest.mark.django_db
@@ -69,15 +69,15 @@ def test_creates_racing_for_one_name_let_exactly_one_in():
         try:
             environment_create({"name": "contested"})
             outcomes.append("created")
-        except ApiError as error:
-            outcomes.append(str(error.status))
+        except Conflict:
+            outcomes.append("conflict")
 
     threads = [threading.Thread(target=in_thread, args=(create,)) for _ in range(6)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(30)
-    assert sorted(outcomes) == ["409"] * 5 + ["created"]
+    assert sorted(outcomes) == ["conflict"] * 5 + ["created"]
     assert Environment.objects.filter(name="contested").count() == 1
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from kernel.models import IdempotentRequest
 from sessions.models import Event, Session
 from tests.conftest import make_agent, make_environment
-from workbench.models import IdempotentRequest
 
 
 def _post(client: Any, api_key: str, path: str, body: dict, *, key: str | None) -> Any:
@@ -78,7 +78,7 @@ def test_a_request_whose_first_try_is_still_running_gets_a_retryable_409(client,
 
 
 def test_a_key_of_another_api_key_is_not_shared(client, api_key):
-    from workbench.models import ApiKey, hash_key
+    from kernel.models import ApiKey, hash_key
 
     other = ApiKey.generate()
     ApiKey.objects.create(name="other", prefix=other[:12], key_hash=hash_key(other))
@@ -99,7 +99,7 @@ def test_an_unexpected_error_in_a_handler_is_a_500_in_the_error_envelope(client,
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("something nobody planned for")
 
-    monkeypatch.setattr("harness.api.agent_create", broken)
+    monkeypatch.setattr("harness.api.agents.agent_create", broken)
     response = _post(client, api_key, "/v1/agents", {"name": "a", "model": "claude-sonnet-5-5"}, key=None)
     assert response.status_code == 500 and response["Content-Type"] == "application/json"
     error = response.json()
@@ -127,8 +127,8 @@ def test_the_sweeper_keeps_at_most_one_wake_queued_per_session(transactional_db,
     from django.utils import timezone
 
     from harness.lease import lease_acquire, lease_release
+    from harness.services.lifecycle import session_create
     from harness.tasks import sweep
-    from sessions.services.lifecycle import session_create
 
     session = session_create(
         {

@@ -12,9 +12,9 @@ from django.test import override_settings
 
 from harness import model
 from harness.brain import run_brain
+from harness.services.lifecycle import session_create, session_send_events
 from sessions.models import Session
 from sessions.selectors import get_events
-from sessions.services.lifecycle import session_create, session_send_events
 from tests.conftest import make_agent, make_environment
 
 pytestmark = pytest.mark.django_db

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
+from harness.services.lifecycle import session_create
 from sandboxes.hands import held
-from sessions.services.lifecycle import session_create
 from tests.conftest import make_agent, make_environment
 from tests.e2e.conftest import TOOLSET, log_in, screenshot, send
 

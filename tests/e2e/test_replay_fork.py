@@ -7,9 +7,9 @@ import re
 import pytest
 from playwright.sync_api import expect
 
+from harness.services.lifecycle import session_create
 from sessions.models import Session
 from sessions.services import emit_event
-from sessions.services.lifecycle import session_create
 from tests.conftest import make_agent, make_environment, make_session
 from tests.e2e.conftest import TOOLSET, log_in, screenshot, send
 

@@ -8,11 +8,11 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import expect
 
+from kernel.ids import new_id
 from sessions.models import Event, Session
 from sessions.services import emit_event
 from tests.conftest import make_session
 from tests.e2e.conftest import log_in, screenshot
-from workbench.ids import new_id
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,11 +15,11 @@ from functools import partial
 
 import pytest
 
-from offline_model.script import long_text
+from harness.services.lifecycle import session_send_events
 from harness.tasks import wake
+from offline_model.script import long_text
 from sandboxes.models import Sandbox
 from sessions.models import Event, Session
-from sessions.services.lifecycle import session_send_events
 from tests.faults.conftest import (
     Cluster,
     Worker,

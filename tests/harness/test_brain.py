@@ -8,10 +8,10 @@ import pytest
 from django.test import override_settings
 
 from harness.brain import run_brain
+from harness.services.lifecycle import session_archive, session_create, session_send_events
 from harness.tasks import wake
 from sessions.models import Session
 from sessions.selectors import get_events
-from sessions.services.lifecycle import session_archive, session_create, session_send_events
 from tests.conftest import make_agent, make_environment
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,12 +8,12 @@ import pytest
 from django.test import override_settings
 
 from harness.brain import has_pending_work, run_brain
+from harness.services.lifecycle import session_create, session_send_events
 from harness.tasks import wake
 from sandboxes.models import Environment
 from sessions.models import Session
 from sessions.selectors import get_events
 from sessions.services import emit_event
-from sessions.services.lifecycle import session_create, session_send_events
 from tests.conftest import make_agent, make_environment
 
 pytestmark = pytest.mark.django_db(transaction=True)

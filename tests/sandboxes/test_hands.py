@@ -12,12 +12,12 @@ from django.test import override_settings
 
 from harness import model
 from harness.brain import run_brain
+from harness.services.lifecycle import session_archive, session_create, session_send_events
 from sandboxes.hands import held
 from sandboxes.models import Sandbox
 from sandboxes.pool import pool_refill
 from sandboxes.reaper import reap_idle, reap_orphans
 from sessions.selectors import get_events
-from sessions.services.lifecycle import session_archive, session_create, session_send_events
 from tests.conftest import ROOT, child_env, make_agent, make_environment
 from tests.git_server import git_http_server, make_repository
 

@@ -21,11 +21,11 @@ from django.test import override_settings
 
 from harness import model
 from harness.brain import run_brain
+from harness.services.lifecycle import session_create, session_send_events
 from sandboxes.hands import held, resources_for, sandbox_provision
 from sandboxes.models import Environment, Sandbox
 from sandboxes.providers import Resources, SandboxError, ToolFailed
 from sessions.selectors import get_events
-from sessions.services.lifecycle import session_create, session_send_events
 from tests.conftest import in_thread, make_agent, make_environment, on_postgres, require
 
 TOOLSET = [{"type": "agent_toolset_20260401"}]

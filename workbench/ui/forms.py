@@ -9,8 +9,8 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from harness.registry import HARNESS_DESCRIPTIONS
-from workbench.api.errors import InvalidRequest
-from workbench.api.validation import MAX_BODY_DEPTH, check_body
+from kernel.api.validation import MAX_BODY_DEPTH, check_body
+from kernel.errors import Invalid
 
 HARNESS_CHOICES = [(name, f"{name} — {description}") for name, description in HARNESS_DESCRIPTIONS.items()]
 DEFAULT_TOOLS = [{"type": "agent_toolset_20260401"}]
@@ -45,7 +45,7 @@ class JSONText(forms.CharField):
             raise ValidationError(
                 f"This JSON nests too deeply; at most {MAX_BODY_DEPTH} levels.", code="json"
             ) from None
-        except InvalidRequest as refused:
+        except Invalid as refused:
             raise ValidationError(refused.message, code="json") from None
         if self.expect is not object and not isinstance(parsed, self.expect):
             names: dict[type, str] = {list: "a JSON array […]", dict: "a JSON object {…}"}

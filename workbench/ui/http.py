@@ -15,6 +15,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 
+from kernel.api.errors import from_domain
+from kernel.errors import DomainError
+
 
 def is_htmx(request: HttpRequest) -> bool:
     return request.headers.get("HX-Request") == "true"
@@ -93,3 +96,8 @@ class OperatorLoginForm(AuthenticationForm):
             raise ValidationError(
                 "This account is not an operator account; ask an admin to make it staff.", code="not_staff"
             )
+
+
+def status_of(error: DomainError) -> int:
+    """The HTTP status a page answers a service's refusal with: the same as the API's."""
+    return from_domain(error).status

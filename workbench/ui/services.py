@@ -6,8 +6,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from workbench.api.errors import InvalidRequest, NotFound
-from workbench.models import ApiKey, hash_key
+from kernel.errors import Invalid, NotFound
+from kernel.models import ApiKey, hash_key
 
 PREFIX_LENGTH = 12
 
@@ -16,7 +16,7 @@ def api_key_create(*, name: str, created_by: Any = None) -> tuple[ApiKey, str]:
     """A new key and its raw value. Only the hash is stored: the raw value must be shown now or never."""
     name = name.strip()
     if not name:
-        raise InvalidRequest("Give the key a name that says what it is for, e.g. 'ci' or 'alice laptop'.")
+        raise Invalid("Give the key a name that says what it is for, e.g. 'ci' or 'alice laptop'.")
     raw = ApiKey.generate()
     key = ApiKey.objects.create(
         name=name, prefix=raw[:PREFIX_LENGTH], key_hash=hash_key(raw), created_by=created_by
@@ -27,7 +27,7 @@ def api_key_create(*, name: str, created_by: Any = None) -> tuple[ApiKey, str]:
 def api_key_revoke(key_id: int) -> ApiKey:
     key = ApiKey.objects.filter(pk=key_id).first()
     if key is None:
-        raise NotFound(f"No API key with id {key_id}.")
+        raise NotFound("API key", str(key_id))
     if key.revoked_at is None:
         key.revoked_at = timezone.now()
         key.save(update_fields=["revoked_at"])

@@ -10,6 +10,7 @@ from django.views.decorators.http import require_POST
 
 from harness.agents import agent_archive, agent_create, agent_update, get_agent_version
 from harness.models import Agent, AgentVersion
+from kernel.errors import DomainError, NotFound
 from sandboxes.environments import (
     environment_archive,
     environment_create,
@@ -17,7 +18,6 @@ from sandboxes.environments import (
     get_environment,
 )
 from sandboxes.models import Environment
-from workbench.api.errors import ApiError, NotFound
 from workbench.ui.forms import AgentForm, EnvironmentForm
 from workbench.ui.http import operator_required, redirect_to
 
@@ -37,7 +37,7 @@ def agent_new(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             version = agent_create(form.body())
-        except ApiError as error:
+        except DomainError as error:
             form.add_error(None, error.message)
         else:
             messages.success(request, f"Created agent {version.config['name']} ({version.agent_id}).")
@@ -55,7 +55,7 @@ def agent_edit(request: HttpRequest, agent_id: str) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             version = agent_update(agent_id, {**form.body(), "version": current.version})
-        except ApiError as error:
+        except DomainError as error:
             form.add_error(None, error.message)
         else:
             if version.version == current.version:
@@ -77,7 +77,7 @@ def _agent_form(request: HttpRequest, form: AgentForm, *, agent: AgentVersion | 
 def agent_archive_view(request: HttpRequest, agent_id: str) -> HttpResponse:
     try:
         agent_archive(agent_id)
-    except ApiError as error:
+    except DomainError as error:
         messages.error(request, error.message)
     else:
         messages.success(
@@ -103,7 +103,7 @@ def environment_new(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             environment = environment_create(form.body())
-        except ApiError as error:
+        except DomainError as error:
             form.add_error(None, error.message)
         else:
             messages.success(request, f"Created environment {environment.name} ({environment.id}).")
@@ -125,7 +125,7 @@ def environment_edit(request: HttpRequest, environment_id: str) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             environment_update(environment_id, form.body())
-        except ApiError as error:
+        except DomainError as error:
             form.add_error(None, error.message)
         else:
             messages.success(request, f"Saved environment {environment_id}.")
@@ -146,7 +146,7 @@ def _environment_form(
 def environment_archive_view(request: HttpRequest, environment_id: str) -> HttpResponse:
     try:
         environment_archive(environment_id)
-    except ApiError as error:
+    except DomainError as error:
         messages.error(request, error.message)
     else:
         messages.success(request, f"Archived {environment_id}; new sessions cannot start in it.")

@@ -10,6 +10,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from kernel.errors import DomainError, NotFound
 from sandboxes.hands import (
     sandbox_attach,
     sandbox_detach,
@@ -19,10 +20,9 @@ from sandboxes.hands import (
 )
 from sandboxes.models import Sandbox
 from sandboxes.providers import SandboxError
-from workbench.api.errors import ApiError, NotFound
 from workbench.ui import selectors
 from workbench.ui.forms import AttachForm, ProvisionForm, TransferForm
-from workbench.ui.http import operator_required, redirect_to
+from workbench.ui.http import operator_required, redirect_to, status_of
 from workbench.ui.views.sessions import render_panel
 
 
@@ -32,8 +32,8 @@ def _act(
     """Run one hands service and show the panel with what happened."""
     try:
         result = action()
-    except ApiError as error:
-        return render_panel(request, session_id, error=error.message, status=error.status)
+    except DomainError as error:
+        return render_panel(request, session_id, error=error.message, status=status_of(error))
     except SandboxError as error:
         return render_panel(request, session_id, error=f"The sandbox provider failed: {error}", status=503)
     return render_panel(request, session_id, notice=notice(result))
@@ -42,7 +42,9 @@ def _act(
 def _held(session_id: str, sandbox_id: str) -> None:
     if not Sandbox.objects.filter(id=sandbox_id, session_id=session_id).exists():
         raise NotFound(
-            f"Session {session_id} no longer holds sandbox {sandbox_id}; the panel was out of date."
+            "sandbox",
+            sandbox_id,
+            f"Session {session_id} no longer holds sandbox {sandbox_id}; the panel was out of date.",
         )
 
 
@@ -131,6 +133,6 @@ def sandbox_list(request: HttpRequest) -> HttpResponse:
 def sandbox_terminate_view(request: HttpRequest, sandbox_id: str) -> HttpResponse:
     try:
         sandbox_terminate(sandbox_id)
-    except ApiError as error:
-        return render(request, "ui/_error.html", {"error": error.message}, status=error.status)
+    except DomainError as error:
+        return render(request, "ui/_error.html", {"error": error.message}, status=status_of(error))
     return redirect_to(request, reverse("ui:sandboxes"))

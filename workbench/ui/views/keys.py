@@ -7,10 +7,10 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from workbench.api.errors import ApiError
-from workbench.models import ApiKey
+from kernel.errors import DomainError
+from kernel.models import ApiKey
 from workbench.ui.forms import ApiKeyForm
-from workbench.ui.http import operator_required, redirect_to
+from workbench.ui.http import operator_required, redirect_to, status_of
 from workbench.ui.services import api_key_create, api_key_revoke
 
 
@@ -32,7 +32,7 @@ def key_create(request: HttpRequest) -> HttpResponse:
     if form.is_valid():
         try:
             key, raw = api_key_create(name=form.cleaned_data["name"], created_by=request.user)
-        except ApiError as error:
+        except DomainError as error:
             form.add_error(None, error.message)
         else:
             context.update(created=key, raw=raw, form=ApiKeyForm())
@@ -48,11 +48,11 @@ def key_create(request: HttpRequest) -> HttpResponse:
 def key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
     try:
         api_key_revoke(key_id)
-    except ApiError as error:
+    except DomainError as error:
         return render(
             request,
             "ui/keys/_keys.html",
             {"keys": _keys(), "form": ApiKeyForm(), "error": error.message},
-            status=error.status,
+            status=status_of(error),
         )
     return redirect_to(request, reverse("ui:keys"))

@@ -10,15 +10,15 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from harness.model import describe_model
+from harness.services.lifecycle import session_archive, session_create, session_update
+from kernel.errors import DomainError
 from sandboxes.hands import held
 from sessions.models import Session
 from sessions.selectors import get_session
 from sessions.services import SessionNotFound
-from sessions.services.lifecycle import session_archive, session_create, session_update
-from workbench.api.errors import ApiError
 from workbench.ui import selectors
 from workbench.ui.forms import HarnessForm, StartSessionForm
-from workbench.ui.http import is_htmx, operator_required, redirect_to
+from workbench.ui.http import is_htmx, operator_required, redirect_to, status_of
 from workbench.ui.presenters import preview_view
 
 # The timeline opens on this many events at the tail of the log.
@@ -64,7 +64,7 @@ def session_start(request: HttpRequest) -> HttpResponse:
     if form.is_valid():
         try:
             session = session_create(form.body())
-        except ApiError as error:
+        except DomainError as error:
             form.add_error(None, error.message)
         else:
             return redirect_to(request, reverse("ui:session", args=[session.id]))
@@ -123,8 +123,8 @@ def session_harness(request: HttpRequest, session_id: str) -> HttpResponse:
         return render_panel(request, session_id, error="Choose one of the harnesses listed.", status=400)
     try:
         session_update(session_id, {"harness": form.cleaned_data["harness"]})
-    except ApiError as error:
-        return render_panel(request, session_id, error=error.message, status=error.status)
+    except DomainError as error:
+        return render_panel(request, session_id, error=error.message, status=status_of(error))
     return render_panel(request, session_id, notice=f"The next turn runs on {form.cleaned_data['harness']}.")
 
 
@@ -133,6 +133,6 @@ def session_harness(request: HttpRequest, session_id: str) -> HttpResponse:
 def session_archive_view(request: HttpRequest, session_id: str) -> HttpResponse:
     try:
         session_archive(session_id)
-    except ApiError as error:
-        return render_panel(request, session_id, error=error.message, status=error.status)
+    except DomainError as error:
+        return render_panel(request, session_id, error=error.message, status=status_of(error))
     return redirect_to(request, reverse("ui:session", args=[session_id]))

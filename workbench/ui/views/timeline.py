@@ -10,14 +10,14 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from harness.services.fork import session_fork
+from harness.services.lifecycle import session_send_events
+from kernel.errors import DomainError
 from sessions.selectors import get_events
 from sessions.services import SessionNotFound
-from sessions.services.fork import session_fork
-from sessions.services.lifecycle import session_send_events
-from workbench.api.errors import ApiError
 from workbench.ui import selectors
 from workbench.ui.forms import ForkForm, SendEventForm
-from workbench.ui.http import operator_required, redirect_to
+from workbench.ui.http import operator_required, redirect_to, status_of
 from workbench.ui.presenters import present
 from workbench.ui.views.sessions import session_or_404
 
@@ -109,8 +109,10 @@ def send_event(request: HttpRequest, session_id: str) -> HttpResponse:
         return render(request, template, {"error": message, "call_id": call_id}, status=400)
     try:
         session_send_events(session_id, {"events": [form.event()]})
-    except ApiError as error:
-        return render(request, template, {"error": error.message, "call_id": call_id}, status=error.status)
+    except DomainError as error:
+        return render(
+            request, template, {"error": error.message, "call_id": call_id}, status=status_of(error)
+        )
     notices = {
         "interrupt": "Interrupt sent.",
         "tool_confirmation": "Answer sent; the brain continues.",
@@ -166,7 +168,7 @@ def fork(request: HttpRequest, session_id: str) -> HttpResponse:
                 harness=data["harness"] or None,
                 title=data["title"] or None,
             )
-        except ApiError as error:
+        except DomainError as error:
             form.add_error(None, error.message)
         else:
             return redirect_to(request, reverse("ui:session", args=[forked.id]))

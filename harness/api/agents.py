@@ -8,9 +8,9 @@ from django.http import HttpRequest
 
 from harness.agents import agent_archive, agent_create, agent_json, agent_update, get_agent, get_agent_version
 from harness.models import Agent, AgentVersion
-from workbench.api.endpoint import endpoint
-from workbench.api.pagination import decode_cursor, encode_cursor, keyset_page
-from workbench.api.validation import query_bool, query_datetime_ranges, query_int
+from kernel.api.endpoint import endpoint
+from kernel.api.pagination import decode_cursor, encode_cursor, keyset_page
+from kernel.api.validation import query_bool, query_datetime_ranges, query_int
 
 
 def agents_create(request: HttpRequest) -> dict[str, Any]:

@@ -7,24 +7,17 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, StreamingHttpResponse
 
-from sessions.event_types import validate_types_filter
-from sessions.models import Session
-from sessions.selectors import get_session, list_events
-from sessions.serializers import session_json
-from sessions.services.fork import session_fork
-from sessions.services.lifecycle import (
+from harness.services.fork import session_fork
+from harness.services.lifecycle import (
     session_archive,
     session_create,
     session_delete,
     session_send_events,
     session_update,
 )
-from sessions.services.log import SessionNotFound
-from sessions.stream import sse_tail
-from workbench.api.endpoint import async_endpoint, endpoint
-from workbench.api.errors import InvalidRequest, NotFound
-from workbench.api.pagination import decode_cursor, encode_cursor, keyset_page
-from workbench.api.validation import (
+from kernel.api.endpoint import async_endpoint, endpoint
+from kernel.api.pagination import decode_cursor, encode_cursor, keyset_page
+from kernel.api.validation import (
     no_unknown_fields,
     query_bool,
     query_choice,
@@ -32,15 +25,14 @@ from workbench.api.validation import (
     query_int,
     text,
 )
+from kernel.errors import Invalid
+from sessions.event_types import validate_types_filter
+from sessions.models import Session
+from sessions.selectors import get_session, list_events
+from sessions.serializers import session_json
+from sessions.stream import sse_tail
 
 STATUSES = tuple(Session.Status.values)
-
-
-def _session(session_id: str) -> Session:
-    try:
-        return get_session(session_id)
-    except SessionNotFound as missing:
-        raise NotFound(str(missing)) from None
 
 
 def sessions_create(request: HttpRequest) -> dict[str, Any]:
@@ -63,7 +55,7 @@ def sessions_list(request: HttpRequest) -> dict[str, Any]:
     statuses = params.getlist("statuses[]")
     for status in statuses:
         if status not in STATUSES:
-            raise InvalidRequest(
+            raise Invalid(
                 f"Query parameter 'statuses[]' must be among {', '.join(STATUSES)}, not {status!r}."
             )
     if statuses:
@@ -79,7 +71,7 @@ def sessions_list(request: HttpRequest) -> dict[str, Any]:
 
 
 def sessions_retrieve(request: HttpRequest, session_id: str) -> dict[str, Any]:
-    return session_json(_session(session_id))
+    return session_json(get_session(session_id))
 
 
 def sessions_update(request: HttpRequest, session_id: str) -> dict[str, Any]:
@@ -99,7 +91,7 @@ def sessions_fork(request: HttpRequest, session_id: str) -> dict[str, Any]:
     body = request.json  # type: ignore[attr-defined]
     no_unknown_fields(body, ("at_seq", "harness", "title"), "fork")
     if "at_seq" not in body:
-        raise InvalidRequest("'at_seq' is required: the fork copies events [0:at_seq].")
+        raise Invalid("'at_seq' is required: the fork copies events [0:at_seq].")
     return session_json(
         session_fork(
             session_id,
@@ -112,7 +104,7 @@ def sessions_fork(request: HttpRequest, session_id: str) -> dict[str, Any]:
 
 def events_list(request: HttpRequest, session_id: str) -> dict[str, Any]:
     params = request.GET
-    _session(session_id)
+    get_session(session_id)
     limit = query_int(params, "limit", default=100, minimum=1, maximum=1000)
     order = query_choice(params, "order", ("asc", "desc"), default="asc")
     types = validate_types_filter(params.getlist("types[]"))
@@ -120,9 +112,7 @@ def events_list(request: HttpRequest, session_id: str) -> dict[str, Any]:
     if params.get("page"):
         position = decode_cursor(params["page"], expect_keys=("s", "o", "sid"))
         if position["sid"] != session_id or position["o"] != order:
-            raise InvalidRequest(
-                "The 'page' cursor belongs to another session or order; start again without it."
-            )
+            raise Invalid("The 'page' cursor belongs to another session or order; start again without it.")
         after_seq = position["s"]
     events, more = list_events(
         session_id,
@@ -142,11 +132,11 @@ def events_send(request: HttpRequest, session_id: str) -> dict[str, Any]:
 
 
 async def events_stream(request: HttpRequest, session_id: str) -> StreamingHttpResponse:
-    await sync_to_async(_session)(session_id)
+    await sync_to_async(get_session)(session_id)
     wanted = request.GET.getlist("event_deltas[]")
     for kind in wanted:
         if kind not in ("agent.message", "agent.thinking"):
-            raise InvalidRequest(f"'event_deltas[]' must be agent.message or agent.thinking, not {kind!r}.")
+            raise Invalid(f"'event_deltas[]' must be agent.message or agent.thinking, not {kind!r}.")
     response = StreamingHttpResponse(
         sse_tail(session_id, previews=frozenset(wanted)), content_type="text/event-stream"
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernel import errors
+
 
 class ApiError(Exception):
     status = 500
@@ -63,3 +65,17 @@ class PayloadTooLarge(ApiError):
 class ServiceUnavailable(ApiError):
     status = 503
     error_type = "api_error"
+
+
+_BY_DOMAIN: tuple[tuple[type[errors.DomainError], type[ApiError]], ...] = (
+    (errors.NotFound, NotFound),
+    (errors.Conflict, Conflict),
+    (errors.Invalid, InvalidRequest),  # a Closed object too: the service answers 400 (reference §6)
+    (errors.Unavailable, ServiceUnavailable),
+)
+
+
+def from_domain(error: errors.DomainError) -> ApiError:
+    """The one mapping of a service's refusal to the `/v1` envelope."""
+    kind = next((api for domain, api in _BY_DOMAIN if isinstance(error, domain)), ApiError)
+    return kind(error.message, code=error.code, details=error.details)

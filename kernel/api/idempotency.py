@@ -20,8 +20,9 @@ from django.db import IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from workbench.api.errors import ApiError, Conflict, InvalidRequest
-from workbench.models import IdempotentRequest
+from kernel.api.errors import ApiError, Conflict, InvalidRequest
+from kernel.errors import DomainError
+from kernel.models import IdempotentRequest
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -82,7 +83,7 @@ def idempotent(request: HttpRequest, run: Callable[[], HttpResponse]) -> HttpRes
     claimed = IdempotentRequest.objects.filter(api_key=request.api_key, key=key)  # type: ignore[attr-defined]
     try:
         response = run()
-    except ApiError:
+    except (ApiError, DomainError):  # refused: nothing was done, so the key may be used again
         claimed.delete()
         raise
     except BaseException:

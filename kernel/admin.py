@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from workbench.models import ApiKey
+from kernel.models import ApiKey
 
 
 @admin.register(ApiKey)

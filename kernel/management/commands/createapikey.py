@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from workbench.models import ApiKey, hash_key
+from kernel.models import ApiKey, hash_key
 
 
 class Command(BaseCommand):

@@ -10,7 +10,7 @@ from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from workbench.models import ApiKey, hash_key
+from kernel.models import ApiKey, hash_key
 
 _LAST_USED_RESOLUTION = timedelta(minutes=1)
 _KEY_BY_HASH = f"SELECT * FROM {ApiKey._meta.db_table} WHERE key_hash = %s AND revoked_at IS NULL LIMIT 1"

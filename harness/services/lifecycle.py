@@ -10,15 +10,17 @@ from django.utils import timezone
 
 from harness.agent_config import normalise_agent_config
 from harness.agents import get_agent_version
+from harness.brain import has_pending_work
 from harness.registry import validate_harness_name
+from harness.tasks import queue_wake
+from kernel.api.validation import expect, metadata, no_unknown_fields, patch_metadata, text
+from kernel.errors import Invalid
+from kernel.ids import new_id
 from sandboxes.environments import get_environment
 from sandboxes.repositories import checked_repository
 from sessions.event_types import validate_sendable
 from sessions.models import Event, Session
 from sessions.services.log import SessionClosed, SessionNotFound, emit_event, emit_events
-from workbench.api.errors import InvalidRequest, NotFound
-from workbench.api.validation import expect, metadata, no_unknown_fields, patch_metadata, text
-from workbench.ids import new_id
 
 # User events that give the brain something to do.
 WAKING_TYPES = frozenset(
@@ -59,19 +61,16 @@ def _resolve_agent(value: Any) -> tuple[str, int, dict[str, Any]]:
     expect(value, dict, "'agent'")
     kind = value.get("type", "agent")
     if kind not in ("agent", "agent_with_overrides"):
-        raise InvalidRequest(f"'agent.type' must be 'agent' or 'agent_with_overrides', not {kind!r}.")
+        raise Invalid(f"'agent.type' must be 'agent' or 'agent_with_overrides', not {kind!r}.")
     allowed = ("type", "id", "version") + (OVERRIDABLE if kind == "agent_with_overrides" else ())
     no_unknown_fields(value, allowed, "agent")
     agent_id = text(value, "id", "agent", required=True, min_length=1)
     version_number = value.get("version")
     if version_number is not None:
         expect(version_number, int, "'agent.version'")
-    try:
-        version = get_agent_version(agent_id, version_number)
-    except NotFound as missing:
-        raise NotFound(missing.message) from None
+    version = get_agent_version(agent_id, version_number)
     if version.agent.archived_at is not None:
-        raise InvalidRequest(f"Agent {agent_id} is archived; sessions cannot start from it.")
+        raise Invalid(f"Agent {agent_id} is archived; sessions cannot start from it.")
     config = version.config
     overrides = {key: value[key] for key in OVERRIDABLE if key in value}
     if overrides:
@@ -122,9 +121,7 @@ def _resources(value: Any) -> list[dict[str, Any]]:
                 "instructions": text(resource, "instructions", where, max_length=4096, default=None),
             }
         else:
-            raise InvalidRequest(
-                f"'{where}.type' must be github_repository, file or memory_store, not {kind!r}."
-            )
+            raise Invalid(f"'{where}.type' must be github_repository, file or memory_store, not {kind!r}.")
         resources.append(item)
     return resources
 
@@ -134,20 +131,18 @@ def _budget(value: Any) -> dict[str, Any] | None:
         return None
     expect(value, dict, "'budget'")
     if value.get("type") != "limit":
-        raise InvalidRequest("'budget.type' must be 'limit'.")
+        raise Invalid("'budget.type' must be 'limit'.")
     cost = expect(value.get("max_list_cost"), dict, "'budget.max_list_cost'")
     amount = cost.get("amount")
     if not isinstance(amount, str) or not amount.isdigit():
-        raise InvalidRequest(
-            "'budget.max_list_cost.amount' must be a whole number of minor units, as a string."
-        )
+        raise Invalid("'budget.max_list_cost.amount' must be a whole number of minor units, as a string.")
     return {"type": "limit", "max_list_cost": {"amount": amount, "currency": cost.get("currency", "USD")}}
 
 
 def _vault_ids(value: Any) -> list[str]:
     for vault_id in expect(value, list, "'vault_ids'"):
         if not isinstance(vault_id, str) or not vault_id.startswith("vlt_"):
-            raise InvalidRequest(f"'vault_ids' must hold vault ids like 'vlt_…', not {vault_id!r}.")
+            raise Invalid(f"'vault_ids' must hold vault ids like 'vlt_…', not {vault_id!r}.")
     return value
 
 
@@ -157,15 +152,13 @@ def _check_references(session_id: str, events: list[dict[str, Any]]) -> None:
             if key not in event:
                 continue
             if not Event.objects.filter(session_id=session_id, uid=event[key], type__in=types).exists():
-                raise InvalidRequest(
+                raise Invalid(
                     f"'events[{i}].{key}' is {event[key]!r}, which is not the id of an "
                     f"{' or '.join(types)} event in session {session_id}."
                 )
 
 
 def _wake(session_id: str) -> None:
-    from harness.tasks import queue_wake
-
     queue_wake(session_id)
 
 
@@ -175,8 +168,6 @@ def _queue_wake(session_id: str) -> None:
 
 def queue_wake_if_pending(session_id: str) -> None:
     """Wake a brain on commit when the log shows work (a fork that ends mid-turn or on a question)."""
-    from harness.brain import has_pending_work
-
     if has_pending_work(session_id):
         Session.objects.filter(id=session_id).update(status=Session.Status.RUNNING)
         _queue_wake(session_id)
@@ -200,11 +191,11 @@ def _check_open(session_id: str) -> None:
         Session.objects.filter(id=session_id, deleted_at__isnull=True).only("archived_at", "status").first()
     )
     if session is None:
-        raise NotFound(str(SessionNotFound(session_id)))
+        raise SessionNotFound(session_id)
     if session.archived_at is not None:
-        raise InvalidRequest(str(SessionClosed(session_id, "archived")))
+        raise SessionClosed(session_id, "archived")
     if session.status == Session.Status.TERMINATED:
-        raise InvalidRequest(str(SessionClosed(session_id, "terminated")))
+        raise SessionClosed(session_id, "terminated")
 
 
 def session_send_events(session_id: str, body: dict[str, Any]) -> list[Event]:
@@ -216,22 +207,17 @@ def session_send_events(session_id: str, body: dict[str, Any]) -> list[Event]:
     """
     no_unknown_fields(body, ("events",), "body")
     if "events" not in body:
-        raise InvalidRequest("'events' is required: a list of events to send.")
+        raise Invalid("'events' is required: a list of events to send.")
     events = expect(body["events"], list, "'events'")
     if not events:
-        raise InvalidRequest("'events' must hold at least one event.")
+        raise Invalid("'events' must hold at least one event.")
     events = [validate_sendable(event, f"events[{i}]") for i, event in enumerate(events)]
     if any(key in event for event in events for key in REFERENCES):
         _check_open(
             session_id
         )  # a missing or closed session is what to report, not a reference it cannot hold
         _check_references(session_id, events)
-    try:
-        return _append_user_events(session_id, events, open_only=True)
-    except SessionNotFound as missing:
-        raise NotFound(str(missing)) from None
-    except SessionClosed as closed:
-        raise InvalidRequest(str(closed)) from None
+    return _append_user_events(session_id, events, open_only=True)
 
 
 def session_create(body: dict[str, Any]) -> Session:
@@ -250,24 +236,22 @@ def session_create(body: dict[str, Any]) -> Session:
         "session",
     )
     if "agent" not in body:
-        raise InvalidRequest(
-            '\'agent\' is required: an agent id, or {"type": "agent", "id": …, "version": …}.'
-        )
+        raise Invalid('\'agent\' is required: an agent id, or {"type": "agent", "id": …, "version": …}.')
     agent_id, version, snapshot = _resolve_agent(body["agent"])
     environment_id = text(body, "environment_id", required=True, min_length=1)
     environment = get_environment(environment_id)
     if environment.archived_at is not None:
-        raise InvalidRequest(
+        raise Invalid(
             f"Environment {environment_id} is archived; sessions cannot start in it.",
             code="environment_archived",
         )
     initial = expect(body.get("initial_events", []), list, "'initial_events'")
     if len(initial) > 50:
-        raise InvalidRequest(f"'initial_events' may hold at most 50 events, not {len(initial)}.")
+        raise Invalid(f"'initial_events' may hold at most 50 events, not {len(initial)}.")
     initial = [validate_sendable(event, f"initial_events[{i}]") for i, event in enumerate(initial)]
     for i, event in enumerate(initial):
         if event["type"] not in ("user.message", "user.define_outcome"):
-            raise InvalidRequest(f"'initial_events[{i}].type' must be user.message or user.define_outcome.")
+            raise Invalid(f"'initial_events[{i}].type' must be user.message or user.define_outcome.")
     with transaction.atomic():
         session = Session.objects.create(
             agent_id=agent_id,
@@ -291,11 +275,11 @@ def session_update(session_id: str, body: dict[str, Any]) -> Session:
         body, ("agent", "budget", "metadata", "title", "vault_ids", "harness"), "session update"
     )
     if "vault_ids" in body:
-        raise InvalidRequest("Changing 'vault_ids' of a session is not supported yet; create a new session.")
+        raise Invalid("Changing 'vault_ids' of a session is not supported yet; create a new session.")
     with transaction.atomic():
         session = Session.objects.select_for_update().filter(id=session_id, deleted_at__isnull=True).first()
         if session is None:
-            raise NotFound(f"No session with id {session_id!r}.")
+            raise SessionNotFound(session_id)
         changed: dict[str, Any] = {}
         if "title" in body:
             session.title = changed["title"] = text(body, "title", nullable=True, max_length=500)
@@ -307,7 +291,7 @@ def session_update(session_id: str, body: dict[str, Any]) -> Session:
             session.budget = changed["budget"] = _budget(body["budget"])
         if "agent" in body:
             if session.status == Session.Status.RUNNING:
-                raise InvalidRequest(f"Session {session_id} is running; change its agent when it is idle.")
+                raise Invalid(f"Session {session_id} is running; change its agent when it is idle.")
             overrides = expect(body["agent"], dict, "'agent'")
             no_unknown_fields(overrides, ("tools", "mcp_servers"), "agent")
             config = normalise_agent_config(overrides, current=session.agent_snapshot)
@@ -319,9 +303,7 @@ def session_update(session_id: str, body: dict[str, Any]) -> Session:
             changed["agent"] = session.agent_snapshot
         switch = validate_harness_name(body["harness"]) if "harness" in body else None
         if switch is not None and session.status == Session.Status.RUNNING:
-            raise InvalidRequest(
-                f"Session {session_id} is running; switch its harness between turns, when idle."
-            )
+            raise Invalid(f"Session {session_id} is running; switch its harness between turns, when idle.")
         session.save()
         if changed:
             emit_event(session.id, {"type": "session.updated", **changed})
@@ -334,7 +316,7 @@ def session_archive(session_id: str) -> Session:
     with transaction.atomic():
         session = Session.objects.select_for_update().filter(id=session_id, deleted_at__isnull=True).first()
         if session is None:
-            raise NotFound(f"No session with id {session_id!r}.")
+            raise SessionNotFound(session_id)
         if session.archived_at is None:
             if session.status != Session.Status.TERMINATED:
                 emit_event(session.id, {"type": "session.status_terminated"})
@@ -348,7 +330,7 @@ def session_delete(session_id: str) -> dict[str, str]:
     with transaction.atomic():
         session = Session.objects.select_for_update().filter(id=session_id, deleted_at__isnull=True).first()
         if session is None:
-            raise NotFound(f"No session with id {session_id!r}.")
+            raise SessionNotFound(session_id)
         if session.status != Session.Status.TERMINATED:
             emit_event(session.id, {"type": "session.status_terminated"})
         emit_event(session.id, {"type": "session.deleted"})

@@ -3,7 +3,7 @@
 The view authenticates the API key, dispatches on the method, parses a JSON object body (an empty body
 is `{}`, as the SDK sends for archive and similar), renders the handler's return value as JSON and any
 `ApiError` in the error envelope, as it does any other exception (a 500, logged). A POST with an
-`Idempotency-Key` runs once per key (`workbench/api/idempotency.py`). Handlers receive `(request, **path_kwargs)` and read `request.json`.
+`Idempotency-Key` runs once per key (`kernel/api/idempotency.py`). Handlers receive `(request, **path_kwargs)` and read `request.json`.
 
 A body nested too deeply, and a path or query parameter, key or string that is not text (a NUL, an
 unpaired surrogate), are a 400 that says where, before any handler or the database sees them.
@@ -23,16 +23,18 @@ from django.core.exceptions import DisallowedHost, RequestDataTooBig, Suspicious
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from workbench.api.errors import (
+from kernel.api.errors import (
     ApiError,
     AuthenticationFailed,
     InvalidRequest,
     MethodNotAllowed,
     PayloadTooLarge,
+    from_domain,
 )
-from workbench.api.idempotency import idempotent
-from workbench.api.validation import MAX_BODY_DEPTH, check_body, check_text
-from workbench.auth import api_key_from_headers
+from kernel.api.idempotency import idempotent
+from kernel.api.validation import MAX_BODY_DEPTH, check_body, check_text
+from kernel.auth import api_key_from_headers
+from kernel.errors import DomainError
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +149,8 @@ def endpoint(**handlers: Handler) -> Callable[..., HttpResponse]:
             response = idempotent(request, lambda: _render(handler(request, **kwargs)))
         except ApiError as error:
             return error_response(error, request_id)
+        except DomainError as error:
+            return error_response(from_domain(error), request_id)
         except DisallowedHost as error:
             return error_response(_bad_host(error), request_id)
         except SuspiciousOperation as error:
@@ -175,6 +179,8 @@ def async_endpoint(
             response = await handler(request, **kwargs)
         except ApiError as error:
             return error_response(error, request_id)
+        except DomainError as error:
+            return error_response(from_domain(error), request_id)
         except DisallowedHost as error:
             return error_response(_bad_host(error), request_id)
         except SuspiciousOperation as error:

@@ -7,8 +7,10 @@ import json
 from typing import Any
 
 from django.core import signing
+from django.db.models import Q
+from django.utils.dateparse import parse_datetime
 
-from workbench.api.errors import InvalidRequest
+from kernel.api.errors import InvalidRequest
 
 _SALT = "workbench.page"
 
@@ -39,9 +41,6 @@ def keyset_page(
 
     Returns `{"rows", "next_page", "prev_page"}`; `prev_page` is only computed when `bidirectional`.
     """
-    from django.db.models import Q
-    from django.utils.dateparse import parse_datetime
-
     direction = "next"
     token = params.get("page")
     if token:

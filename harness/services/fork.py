@@ -7,12 +7,11 @@ from typing import Any
 from django.db import transaction
 
 from harness.registry import validate_harness_name
-from sandboxes.repositories import without_token
+from harness.services.lifecycle import queue_wake_if_pending
+from kernel.errors import Invalid
+from kernel.ids import new_id
 from sessions.models import Event, Session
-from sessions.services.lifecycle import queue_wake_if_pending
-from sessions.services.log import emit_event
-from workbench.api.errors import InvalidRequest, NotFound
-from workbench.ids import new_id
+from sessions.services.log import STATUS_BY_EVENT_TYPE, SessionNotFound, emit_event
 
 COPY_BATCH = 2000
 
@@ -27,9 +26,9 @@ def session_fork(
     """
     origin = Session.objects.filter(id=session_id, deleted_at__isnull=True).first()
     if origin is None:
-        raise NotFound(f"No session with id {session_id!r}.")
+        raise SessionNotFound(session_id)
     if not isinstance(at_seq, int) or isinstance(at_seq, bool) or not 0 <= at_seq <= origin.next_seq:
-        raise InvalidRequest(
+        raise Invalid(
             f"'at_seq' must be an integer from 0 to {origin.next_seq} (the session's length), not {at_seq!r}."
         )
     if harness is not None:
@@ -42,7 +41,7 @@ def session_fork(
             environment_id=origin.environment_id,
             title=title or f"Fork of {origin.title or origin.id} at {at_seq}",
             metadata=dict(origin.metadata),
-            resources=[without_token(r) for r in origin.resources],
+            resources=origin.shown_resources(),
             vault_ids=origin.vault_ids,
             budget=origin.budget,
             forked_from=origin,
@@ -79,6 +78,4 @@ def session_fork(
 
 
 def _status(event: Event) -> Any:
-    from sessions.services.log import STATUS_BY_EVENT_TYPE
-
     return STATUS_BY_EVENT_TYPE.get(event.type)

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
-from workbench.api.errors import InvalidRequest
+from kernel.errors import Invalid
 
 MISSING: Any = object()
 
@@ -54,7 +54,7 @@ def text_problem(value: str) -> str | None:
 def check_text(value: str, where: str) -> None:
     problem = text_problem(value)
     if problem:
-        raise InvalidRequest(f"{where} holds {problem}.")
+        raise Invalid(f"{where} holds {problem}.")
 
 
 Path = tuple[Any, str | int] | None  # (the parent's path, this key or index), None at the body itself
@@ -70,14 +70,12 @@ def check_body(body: Any, *, max_depth: int = MAX_BODY_DEPTH) -> None:
     while queue:
         value, path, depth = queue.popleft()
         if depth > max_depth:
-            raise InvalidRequest(
+            raise Invalid(
                 f"The request body nests more than {max_depth} levels deep (at '{_path(path)}'); flatten it."
             )
         for key, item in value.items() if isinstance(value, dict) else enumerate(value):
             if isinstance(key, str) and (problem := text_problem(key)):
-                raise InvalidRequest(
-                    f"A key of '{_path(path) or 'the body'}' ({json.dumps(key)}) holds {problem}."
-                )
+                raise Invalid(f"A key of '{_path(path) or 'the body'}' ({json.dumps(key)}) holds {problem}.")
             if isinstance(item, str):
                 check_text(item, f"'{_path((path, key))}'")
             elif isinstance(item, dict | list):
@@ -103,16 +101,14 @@ def expect(value: Any, kind: type, where: str, *, nullable: bool = False) -> Any
         return None
     ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
     if not ok:
-        raise InvalidRequest(
-            f"{where} must be {_TYPE_NAMES.get(kind, kind.__name__)}, not {_describe(value)}."
-        )
+        raise Invalid(f"{where} must be {_TYPE_NAMES.get(kind, kind.__name__)}, not {_describe(value)}.")
     return value
 
 
 def no_unknown_fields(body: Mapping[str, Any], allowed: Iterable[str], where: str) -> None:
     unknown = sorted(set(body) - set(allowed))
     if unknown:
-        raise InvalidRequest(
+        raise Invalid(
             f"{where}: unknown field{'s' if len(unknown) > 1 else ''} {', '.join(repr(u) for u in unknown)}; "
             f"allowed fields are {', '.join(sorted(allowed))}."
         )
@@ -131,7 +127,7 @@ def field(
     name = f"{where}.{key}" if where else key
     if key not in body:
         if required:
-            raise InvalidRequest(f"'{name}' is required.")
+            raise Invalid(f"'{name}' is required.")
         return default
     return expect(body[key], kind, f"'{name}'", nullable=nullable)
 
@@ -151,13 +147,13 @@ def text(
     if isinstance(value, str):
         name = f"{where}.{key}" if where else key
         if len(value) < min_length:
-            raise InvalidRequest(
+            raise Invalid(
                 f"'{name}' must not be empty."
                 if min_length == 1
                 else f"'{name}' must be at least {min_length} characters."
             )
         if max_length is not None and len(value) > max_length:
-            raise InvalidRequest(f"'{name}' must be at most {max_length} characters, not {len(value)}.")
+            raise Invalid(f"'{name}' must be at most {max_length} characters, not {len(value)}.")
     return value
 
 
@@ -165,18 +161,18 @@ def metadata(value: Any, where: str = "metadata", *, patch: bool = False) -> dic
     """Up to 16 string pairs, keys ≤ 64 and values ≤ 512 characters; a patch may delete with null."""
     expect(value, dict, f"'{where}'")
     if len(value) > 16:
-        raise InvalidRequest(f"'{where}' has {len(value)} keys; at most 16 are allowed.")
+        raise Invalid(f"'{where}' has {len(value)} keys; at most 16 are allowed.")
     for key, item in value.items():
         if not key or len(key) > 64:
-            raise InvalidRequest(f"'{where}' keys must be 1 to 64 characters; {key!r} is not.")
+            raise Invalid(f"'{where}' keys must be 1 to 64 characters; {key!r} is not.")
         if item is None and patch:
             continue
         if not isinstance(item, str):
-            raise InvalidRequest(
+            raise Invalid(
                 f"'{where}.{key}' must be a string{' or null' if patch else ''}, not {_describe(item)}."
             )
         if len(item) > 512:
-            raise InvalidRequest(f"'{where}.{key}' must be at most 512 characters.")
+            raise Invalid(f"'{where}.{key}' must be at most 512 characters.")
     return value
 
 
@@ -188,9 +184,7 @@ def patch_metadata(current: dict[str, Any], patch: Mapping[str, Any]) -> dict[st
         else:
             merged[key] = value
     if len(merged) > 16:
-        raise InvalidRequest(
-            f"'metadata' would have {len(merged)} keys after this update; at most 16 are allowed."
-        )
+        raise Invalid(f"'metadata' would have {len(merged)} keys after this update; at most 16 are allowed.")
     return merged
 
 
@@ -201,9 +195,9 @@ def query_int(params: Mapping[str, str], key: str, *, default: int, minimum: int
     try:
         value = int(raw)
     except ValueError:
-        raise InvalidRequest(f"Query parameter '{key}' must be an integer, not {raw!r}.") from None
+        raise Invalid(f"Query parameter '{key}' must be an integer, not {raw!r}.") from None
     if not minimum <= value <= maximum:
-        raise InvalidRequest(f"Query parameter '{key}' must be between {minimum} and {maximum}, not {value}.")
+        raise Invalid(f"Query parameter '{key}' must be between {minimum} and {maximum}, not {value}.")
     return value
 
 
@@ -215,13 +209,13 @@ def query_bool(params: Mapping[str, str], key: str, *, default: bool = False) ->
         return True
     if raw.lower() in ("false", "0"):
         return False
-    raise InvalidRequest(f"Query parameter '{key}' must be true or false, not {raw!r}.")
+    raise Invalid(f"Query parameter '{key}' must be true or false, not {raw!r}.")
 
 
 def query_choice(params: Mapping[str, str], key: str, choices: tuple[str, ...], *, default: str) -> str:
     raw = params.get(key) or default
     if raw not in choices:
-        raise InvalidRequest(f"Query parameter '{key}' must be one of {', '.join(choices)}, not {raw!r}.")
+        raise Invalid(f"Query parameter '{key}' must be one of {', '.join(choices)}, not {raw!r}.")
     return raw
 
 
@@ -240,16 +234,16 @@ def _query_time(raw: str, name: str) -> datetime:
     try:
         value = parse_datetime(raw)
     except ValueError as error:  # the shape is right, the date is not (2026-13-45, 2026-02-30)
-        raise InvalidRequest(f"Query parameter '{name}' is not a real time ({error}): {raw!r}.") from None
+        raise Invalid(f"Query parameter '{name}' is not a real time ({error}): {raw!r}.") from None
     if value is None or value.tzinfo is None:
-        raise InvalidRequest(
+        raise Invalid(
             f"Query parameter '{name}' must be an RFC 3339 time with a zone, like "
             f"2026-01-01T00:00:00Z, not {raw!r}."
         )
     try:
         value.astimezone(UTC)
     except OverflowError:
-        raise InvalidRequest(
+        raise Invalid(
             f"Query parameter '{name}' is outside the years 1 to 9999 once in UTC: {raw!r}."
         ) from None
     return value

@@ -1,6 +1,0 @@
-from django.apps import AppConfig
-
-
-class WorkbenchConfig(AppConfig):
-    name = "workbench"
-    verbose_name = "Workbench"

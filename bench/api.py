@@ -22,39 +22,27 @@ It prints a table, writes bench/results/api.json and api.png (api-quick.* with -
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import logging
 import os
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # so that `python bench/api.py` works as well as `python -m bench.api`
-    sys.path.insert(0, str(ROOT))
+if str(Path(__file__).resolve().parent.parent) not in sys.path:  # `python bench/api.py` as well as `-m`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.log import (  # noqa: E402 - after the path fix above
-    RESULTS,
-    daphne,
-    machine_info,
-    save_figure,
-    say,
-    service_arguments,
-    services,
-    setup_django,
-)
+from bench.common import ROOT  # noqa: E402
+from bench.common.launcher import Launcher, service_arguments  # noqa: E402
+from bench.common.machine import load_average, machine_info  # noqa: E402
+from bench.common.processes import Failed  # noqa: E402
+from bench.common.results import publish, pyplot, run, save_figure, say, stem  # noqa: E402
 
 MODEL = "claude-sonnet-5-5"
 HELLO = {"type": "user.message", "content": [{"type": "text", "text": "hello"}]}
@@ -245,95 +233,45 @@ def redis_for(redis_url: str, index: int) -> str:
     return f"{base}/{int(number or 0) + index}"
 
 
-def version_env(folder: Path, database_url: str, redis_url: str, model_url: str) -> dict[str, str]:
-    return dict(
-        os.environ,
-        DATABASE_URL=database_url,
-        REDIS_URL=redis_url,
-        ANTHROPIC_BASE_URL=model_url,
-        ANTHROPIC_API_KEY="",
-        LOG_LEVEL="WARNING",
-        DJANGO_SETTINGS_MODULE="workbench.settings",
-        PYTHONPATH=str(folder),
-        PYTHONUNBUFFERED="1",
-        WORKBENCH_DEPLOYMENT=f"bench-api-{os.getpid()}",
-    )
-
-
 def manage(folder: Path, env: dict[str, str], *args: str) -> str:
     done = subprocess.run(
         [sys.executable, "manage.py", *args], cwd=folder, env=env, capture_output=True, text=True
     )
     if done.returncode != 0:
-        raise SystemExit(f"bench/api: manage.py {' '.join(args)} failed in {folder}:\n{done.stderr[-2000:]}")
+        raise Failed(f"bench/api: manage.py {' '.join(args)} failed in {folder}:\n{done.stderr[-2000:]}")
     return done.stdout
 
 
-@contextlib.contextmanager
-def worker(folder: Path, env: dict[str, str], log_path: Path) -> Iterator[None]:
-    """A Celery worker of this checkout (threads pool), once it consumes tasks."""
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workbench",
-                "worker",
-                "--pool",
-                "threads",
-                "--concurrency",
-                str(WORKER_THREADS),
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "-l",
-                "INFO",
-            ],
-            cwd=folder,
-            env=env,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 90
-        while b" ready." not in log_path.read_bytes():
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"bench/api: the Celery worker of {folder} did not start; see {log_path}")
-            time.sleep(0.1)
-        yield
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(5)
-
-
-def start_version(
-    stack: contextlib.ExitStack,
-    version: Version,
-    index: int,
-    *,
-    database_url: str,
-    redis_url: str,
-    model_url: str,
-    logs: Path,
-) -> None:
-    env = version_env(
-        version.folder, database_for(database_url, index), redis_for(redis_url, index), model_url
+def start_version(system: Launcher, version: Version, index: int) -> None:
+    """The version's database (migrated by its own manage.py), API key, Celery worker and Daphne, all
+    running its code (cwd and PYTHONPATH its folder)."""
+    assert system.database_url and system.redis_url
+    env = {
+        "DATABASE_URL": database_for(system.database_url, index),
+        "REDIS_URL": redis_for(system.redis_url, index),
+        "LOG_LEVEL": "WARNING",
+        "PYTHONPATH": str(version.folder),
+        "WORKBENCH_DEPLOYMENT": f"bench-api-{os.getpid()}",
+    }
+    full = {**os.environ, **system.env, **env}
+    manage(version.folder, full, "migrate", "--verbosity", "0")
+    version.key = manage(version.folder, full, "createapikey", "--name", "bench-api").strip().splitlines()[-1]
+    system.processes.worker(
+        f"worker-{index}",
+        pool="threads",
+        concurrency=WORKER_THREADS,
+        loglevel="INFO",
+        env=env,
+        cwd=version.folder,
+        ready_within=90,
     )
-    manage(version.folder, env, "migrate", "--verbosity", "0")
-    version.key = manage(version.folder, env, "createapikey", "--name", "bench-api").strip().splitlines()[-1]
-    stack.enter_context(worker(version.folder, env, logs / f"worker-{index}.log"))
-    version.url = stack.enter_context(daphne(env, logs / f"daphne-{index}.log", cwd=version.folder))
+    version.url = system.processes.daphne(f"daphne-{index}", env=env, cwd=version.folder)
     say(f"{version.label}: Daphne at {version.url}, worker x {WORKER_THREADS} threads ({version.folder})")
 
 
 # --- Results -------------------------------------------------------------------------------------------
+# The api's figures since its first run: the interpolated median, and the p95 at the nearest rank of
+# (n - 1) x 0.95; kept, so that its runs stay comparable.
 
 
 def p50(values: list[float]) -> float:
@@ -365,34 +303,9 @@ def rows_of(plan: Plan, versions: list[Version]) -> list[dict[str, Any]]:
     return rows
 
 
-def table(rows: list[dict[str, Any]], labels: list[str]) -> str:
-    width = max(20, *(len(label) + 2 for label in labels))
-    head = f"{'measurement':<40}{'clients':>8}  " + "".join(f"{label:>{width}}" for label in labels)
-    head += "".join(f"{'this/' + label:>{width}}" for label in labels[1:])
-    lines = [
-        head,
-        f"{'':<50}"
-        + f"{'p50 / p95 ms':>{width}}" * len(labels)
-        + f"{'ratio of p50s':>{width}}" * (len(labels) - 1),
-    ]
-    lines.append("-" * len(lines[1]))
-    for r in rows:
-        line = f"{r['measurement']:<40}{r['clients']:>8}  "
-        for label in labels:
-            v = r["versions"][label]
-            line += f"{v['p50_ms']:.1f} / {v['p95_ms']:.1f}".rjust(width)
-        line += "".join(f"{r['ratio_p50'][label]:.2f}x".rjust(width) for label in labels[1:])
-        lines.append(line)
-    return "\n".join(lines)
-
-
 def plot(path: Path, plan: Plan, rows: list[dict[str, Any]], labels: list[str], title: str) -> None:
     """Per client count: a group per measurement, a bar per version (p50 dark, p95 light behind it)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     colours = ["#3b6ea8", "#d0803a", "#5a9a5a", "#8a5aa8"]
     figure, axes = plt.subplots(len(plan.clients), 1, figsize=(12, 4.2 * len(plan.clients)), squeeze=False)
     width = 0.8 / len(labels)
@@ -422,27 +335,10 @@ def plot(path: Path, plan: Plan, rows: list[dict[str, Any]], labels: list[str], 
     save_figure(figure, path, title)
 
 
-def write_results(
-    stem: str, result: dict[str, Any], plan: Plan, rows: list[dict[str, Any]], labels: list[str]
-) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    machine = result["machine"]
-    plot(
-        RESULTS / f"{stem}.png",
-        plan,
-        rows,
-        labels,
-        f"bench/api through the official SDK on {machine['nproc']} CPUs, {machine['date']} "
-        f"(model TTFT 0 ms; {' vs '.join(labels)})",
-    )
-    say(f"wrote {RESULTS.relative_to(ROOT)}/{stem}.json and {stem}.png ({result['seconds']:.0f} s)")
-
-
 # --- Main ----------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK.samples} samples each")
     parser.add_argument(
@@ -460,7 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logs", type=Path, help="keep the Daphne and worker logs in this folder")
     parser.add_argument("--note", default="", help="a remark saved with the results")
     service_arguments(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments().parse_args(argv)
     plan = QUICK if args.quick else DEFAULT
     if args.samples:
         plan = Plan(samples=args.samples, batches=plan.batches, clients=plan.clients, warmup=plan.warmup)
@@ -468,43 +368,21 @@ def main(argv: list[str] | None = None) -> int:
     versions += [Version(d.resolve(), label_of(d.resolve())) for d in args.against]
     began = time.monotonic()
 
-    from offline_model.testing import start_offline_model
-
-    with (
-        services(args.database_url, args.redis_url) as (database_url, redis_url),
-        contextlib.ExitStack() as stack,
-    ):
-        logs = args.logs or Path(tempfile.mkdtemp(prefix="workbench-bench-api."))
-        logs.mkdir(parents=True, exist_ok=True)
-        if not args.logs:
-            stack.callback(shutil.rmtree, logs, True)
-        model = start_offline_model(ttft_ms=0, in_subprocess=True)
-        stack.callback(model.stop)
+    with Launcher("api", database_url=args.database_url, redis_url=args.redis_url, logs=args.logs) as system:
+        system.model(ttft_ms=0)
+        system.start_services()
         for index, version in enumerate(versions):
-            start_version(
-                stack,
-                version,
-                index,
-                database_url=database_url,
-                redis_url=redis_url,
-                model_url=model.base_url,
-                logs=logs,
-            )
-        setup_django(database_url, redis_url)
-        logging.getLogger().setLevel(logging.WARNING)  # not a line per SDK request
+            start_version(system, version, index)
         machine = machine_info()
         say(
             f"{plan.samples} samples per measurement at {', '.join(map(str, plan.clients))} clients, "
             f"{plan.batches} batches round-robin over {len(versions)} code version(s); offline model TTFT 0 ms"
         )
         measure_all(plan, versions)
-        machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        machine["load_average_at_end"] = load_average()
 
     labels = [v.label for v in versions]
     rows = rows_of(plan, versions)
-    report = table(rows, labels)
-    say("")
-    say(report)
     result = {
         "benchmark": "api",
         "quick": args.quick,
@@ -517,13 +395,14 @@ def main(argv: list[str] | None = None) -> int:
         "worker_threads": WORKER_THREADS,
         "rows": rows,
         "samples": {v.label: {k: [round(x, 3) for x in s] for k, s in v.samples.items()} for v in versions},
-        "table": report,
     }
-    write_results("api-quick" if args.quick else "api", result, plan, rows, labels)
+    title = (
+        f"bench/api through the official SDK on {machine['nproc']} CPUs, {machine['date']} "
+        f"(model TTFT 0 ms; {' vs '.join(labels)})"
+    )
+    publish(stem("api", args.quick), result, lambda png: plot(png, plan, rows, labels, title))
     return 0
 
 
 if __name__ == "__main__":
-    # Stop on SIGTERM as on Ctrl-C, so the private PostgreSQL, Redis and processes are stopped and removed.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    sys.exit(main())
+    run(main)

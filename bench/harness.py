@@ -23,45 +23,32 @@ Usage: .venv/bin/python -m bench.harness [--quick] [--kills N] [--calls N] [--le
        [--sweep-seconds S] [--database-url URL] [--redis-url URL] [--note TEXT]
 
 Without a database URL (or BENCH_DATABASE_URL) it starts its own PostgreSQL (default durability) and Redis
-as bench/log.py does, and removes them at the end. It prints a table, writes bench/results/harness.json
+(bench/common/launcher.py), and removes them at the end. It prints a table, writes bench/results/harness.json
 and harness.png (harness-quick.* with --quick), and exits 0 whether or not the targets are met.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import logging
 import os
 import random
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # so that `python bench/harness.py` works as well as `python -m bench.harness`
-    sys.path.insert(0, str(ROOT))
+if str(Path(__file__).resolve().parent.parent) not in sys.path:  # `python bench/harness.py` as well as `-m`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.log import (  # noqa: E402
-    machine_info,
-    percentile,
-    save_figure,
-    say,
-    service_arguments,
-    services,
-    setup_django,
-)
-
-RESULTS = ROOT / "bench" / "results"
+from bench.common.app import new_session  # noqa: E402
+from bench.common.launcher import Launcher, service_arguments  # noqa: E402
+from bench.common.machine import load_average, machine_info  # noqa: E402
+from bench.common.processes import Failed, Processes, wait_until  # noqa: E402
+from bench.common.results import percentile, publish, pyplot, run, save_figure, say, stem  # noqa: E402
 
 RESUME_P50_TARGET_S = 2.0
 RESUME_P95_TARGET_S = 5.0
@@ -134,28 +121,6 @@ def serve_model(timings: Path) -> None:
     model.serve_forever()
 
 
-@contextlib.contextmanager
-def timed_model(folder: Path) -> Iterator[tuple[str, Path]]:
-    timings = folder / "model-timings.txt"
-    timings.touch()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "bench.harness", "--serve-model", str(timings)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    try:
-        assert process.stdout is not None
-        url = process.stdout.readline().strip()
-        if not url.startswith("http"):
-            raise SystemExit("bench/harness: the offline model did not start")
-        yield url, timings
-    finally:
-        process.terminate()
-        process.wait(10)
-
-
 def set_latency(base_url: str, *, ttft_ms: float = 0, tps: float = 0) -> None:
     import httpx
 
@@ -170,167 +135,75 @@ def model_stats(base_url: str) -> dict[str, Any]:
     return httpx.get(f"{base_url}/_control/stats", timeout=5).json()
 
 
-# --- Sessions ---------------------------------------------------------------------------------------------
-
-
-def new_session(text: str | None) -> str:
-    from harness.agents import agent_create
-    from sandboxes.environments import environment_create
-    from sessions.services.lifecycle import session_create
-
-    agent = agent_create({"name": "bench", "model": "claude-sonnet-5-5"}).agent_id
-    environment = environment_create({"name": f"bench {agent}"}).id  # names are unique
-    initial = [{"type": "user.message", "content": [{"type": "text", "text": text}]}] if text else []
-    return session_create({"agent": agent, "environment_id": environment, "initial_events": initial}).id
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(every)
-    return value
-
-
 # --- Resume after SIGKILL -------------------------------------------------------------------------------
 
 
-class Processes:
-    """Celery workers (each its own process group) and beat, started against the benchmark's services."""
+class Brains(Processes):
+    """Celery workers (prefork, one pool child each) and beat, against the benchmark's services."""
 
-    def __init__(self, folder: Path, env: dict[str, str]):
-        self.folder = folder
-        self.env = env
-        self.workers: list[subprocess.Popen[bytes]] = []
-        self.logs: dict[int, Path] = {}
-        self.beat: subprocess.Popen[bytes] | None = None
-
-    def _popen(self, command: list[str], log_name: str) -> subprocess.Popen[bytes]:
-        with open(self.folder / log_name, "ab") as log:
-            process = subprocess.Popen(
-                command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        self.logs[process.pid] = self.folder / log_name
-        return process
-
-    def start_worker(self) -> subprocess.Popen[bytes]:
+    def start_worker(self) -> str:
         name = f"bench-{uuid.uuid4().hex[:8]}"
-        process = self._popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workbench",
-                "worker",
-                "--pool",
-                "prefork",
-                "--concurrency",
-                "1",
-                "--hostname",
-                f"{name}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "-l",
-                "INFO",
-            ],
-            f"{name}.log",
-        )
-        self.workers.append(process)
-        return process
+        self.worker(name, pool="prefork", concurrency=1, loglevel="INFO", hostname=f"{name}@%h")
+        return name
 
-    def log(self, process: subprocess.Popen[bytes]) -> str:
-        return self.logs[process.pid].read_text(errors="replace")
-
-    def ready(self, process: subprocess.Popen[bytes]) -> bool:
-        if process.poll() is not None:
-            raise SystemExit(f"bench/harness: a worker exited:\n{self.log(process)[-2000:]}")
-        return " ready." in self.log(process)
+    def workers(self) -> list[str]:
+        return [name for name in self.started if name.startswith("bench-")]
 
     def start_beat(self) -> None:
-        self.beat = self._popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workbench",
-                "beat",
-                "-s",
-                str(self.folder / "beat"),
-                "--max-interval",
-                "1",
-                "-l",
-                "INFO",
-            ],
-            "beat.log",
-        )
+        self.beat(loglevel="INFO", max_interval=1)
 
         def swept() -> bool:
-            beat = (self.folder / "beat.log").read_text(errors="replace")
+            beat = self.log("beat")
             if "Couldn't apply scheduled task" in beat:
                 line = next(line for line in beat.splitlines() if "Couldn't apply scheduled task" in line)
-                raise SystemExit(
-                    f"bench/harness: celery beat cannot send the sweeper, so nothing resumes a "
-                    f"killed turn:\n{line}"
+                raise Failed(
+                    f"bench/harness: celery beat cannot send the sweeper, so nothing resumes a killed turn:\n{line}"
                 )
             return any(
-                "harness.tasks.sweep[" in self.log(w) and "succeeded" in self.log(w) for w in self.workers
+                "harness.tasks.sweep[" in self.log(w) and "succeeded" in self.log(w) for w in self.workers()
             )
 
-        wait_for(swept, 60, "the first sweep")
+        wait_until(swept, 60, "the first sweep", every=0.02)
 
-    def holder(self, owner: str) -> subprocess.Popen[bytes] | None:
+    def holder(self, owner: str) -> str | None:
+        """The worker whose pool child holds the lease (`owner` ends in that child's pid)."""
         pid = int(owner.rsplit(":", 1)[1])
-        for worker in self.workers:
-            with contextlib.suppress(ProcessLookupError):
-                if worker.poll() is None and os.getpgid(pid) == worker.pid:
-                    return worker
+        for name in self.workers():
+            try:
+                if os.getpgid(pid) == self.started[name].pid:
+                    return name
+            except ProcessLookupError:
+                continue
         return None
 
-    def kill(self, worker: subprocess.Popen[bytes]) -> float:
-        """SIGKILL the worker's process group; returns the wall-clock time of the kill."""
-        at = time.time()
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(10)
-        self.workers.remove(worker)
-        return at
 
-    def close(self) -> None:
-        for process in [*self.workers, *([self.beat] if self.beat else [])]:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-
-
-def one_kill(processes: Processes, model_url: str, rng: random.Random) -> Kill:
+def one_kill(brains: Brains, model_url: str, rng: random.Random) -> Kill:
     from harness.brain import has_pending_work
     from sessions.models import Event, Session
 
     set_latency(model_url, tps=1000)  # 3000 words: a three-second stream
     session_id = new_session("/long 3000")
-    wait_for(
+    wait_until(
         lambda: (
             Session.objects.filter(id=session_id).exclude(lease_owner="").exists()
             and model_stats(model_url)["in_flight"] == 1
         ),
         30,
         "the model to stream",
+        every=0.02,
     )
     streaming_since = time.monotonic()
     time.sleep(rng.uniform(0.2, 2.0))
     owner = Session.objects.values_list("lease_owner", flat=True).get(id=session_id)
-    victim = processes.holder(owner)
+    victim = brains.holder(owner)
     if victim is None or model_stats(model_url)["in_flight"] != 1:
         raise RuntimeError(f"the brain of {session_id} is not streaming (owner {owner!r})")
-    killed_at = processes.kill(victim)
+    killed_at = brains.kill(victim)
     killed_after = time.monotonic() - streaming_since
     set_latency(model_url, tps=0)
     session = Session.objects.get(id=session_id)
     lease_left = session.lease_expires_at.timestamp() - killed_at
-    resumed = wait_for(
+    resumed = wait_until(
         lambda: (
             Event.objects.filter(session_id=session_id, lease_epoch__gt=session.lease_epoch)
             .order_by("seq")
@@ -338,50 +211,41 @@ def one_kill(processes: Processes, model_url: str, rng: random.Random) -> Kill:
         ),
         60,
         "the resumed turn's first event",
+        every=0.02,
     )
-    replacement = processes.start_worker()
+    replacement = brains.start_worker()
 
     def done() -> bool:
         row = Session.objects.get(id=session_id)
         return row.status == Session.Status.IDLE and not row.lease_owner and not has_pending_work(session_id)
 
     try:
-        completed = bool(wait_for(done, 10, "the resumed turn to end"))
-    except TimeoutError:
+        completed = bool(wait_until(done, 10, "the resumed turn to end", every=0.02))
+    except Failed:
         completed = False
-    wait_for(lambda: processes.ready(replacement), 60, "the replacement worker")
+    wait_until(lambda: brains.ready(replacement), 60, "the replacement worker", every=0.02)
     return Kill(resumed.processed_at.timestamp() - killed_at, lease_left, killed_after, completed)
 
 
-def measure_resume(
-    plan: Plan, settings: Settings, database_url: str, redis_url: str, model_url: str, folder: Path
-) -> list[Kill]:
+def measure_resume(plan: Plan, settings: Settings, system: Launcher) -> list[Kill]:
     from django.db import connections
 
-    env = dict(
-        os.environ,
-        DATABASE_URL=database_url,
-        REDIS_URL=redis_url,
-        PYTHONPATH=str(ROOT),
-        DJANGO_SETTINGS_MODULE="workbench.settings",
-        ANTHROPIC_BASE_URL=model_url,
-        ANTHROPIC_API_KEY="",
-        LEASE_SECONDS=str(settings.lease_seconds),
-        SWEEP_SECONDS=str(settings.sweep_seconds),
-        INTERRUPT_POLL_SECONDS=str(settings.interrupt_poll_seconds),
-        PYTHONUNBUFFERED="1",
-        REAP_SECONDS="86400",  # the reaper would remove every other deployment's containers on this engine
-    )
-    processes = Processes(folder, env)
+    env = {
+        "LEASE_SECONDS": str(settings.lease_seconds),
+        "SWEEP_SECONDS": str(settings.sweep_seconds),
+        "INTERRUPT_POLL_SECONDS": str(settings.interrupt_poll_seconds),
+        "REAP_SECONDS": "86400",  # the reaper would remove every other deployment's containers on this engine
+    }
     rng = random.Random(7)
     kills: list[Kill] = []
-    try:
+    # Stopped before the overhead is measured in this process: no worker may take those wakes.
+    with Brains(system.folder, {**system.env, **env}) as brains:
         say(f"starting {plan.workers} celery workers and beat")
-        started = [processes.start_worker() for _ in range(plan.workers)]
-        wait_for(lambda: all(processes.ready(w) for w in started), 60, "the workers")
-        processes.start_beat()
+        started = [brains.start_worker() for _ in range(plan.workers)]
+        wait_until(lambda: all(brains.ready(w) for w in started), 60, "the workers", every=0.02)
+        brains.start_beat()
         for i in range(plan.kills):
-            kill = one_kill(processes, model_url, rng)
+            kill = one_kill(brains, system.model_url, rng)
             kills.append(kill)
             say(
                 f"  kill {i + 1:>2}/{plan.kills}: resumed in {kill.resume_s:5.2f} s (lease left {kill.lease_left_s:4.2f}"
@@ -389,8 +253,6 @@ def measure_resume(
                 + ("" if kill.completed else "  -- the resumed turn did not finish")
             )
             connections.close_all()
-    finally:
-        processes.close()
     return kills
 
 
@@ -470,7 +332,7 @@ def drain_broadcasts(timeout: float = 300.0) -> dict[str, float]:
     began = time.monotonic()
     if queued:
         say(f"waiting for {queued:,} queued broadcasts (previews of the timed calls) to go out")
-        wait_for(publisher._queue.empty, timeout, "the broadcaster to drain", every=0.1)
+        wait_until(publisher._queue.empty, timeout, "the broadcaster to drain")
     return {"queued_after_calls": queued, "drain_s": round(time.monotonic() - began, 2)}
 
 
@@ -559,31 +421,8 @@ def summary(kills: list[Kill], answers: Answers) -> list[dict[str, Any]]:
     return rows
 
 
-def table(rows: list[dict[str, Any]], settings: Settings, kills: list[Kill]) -> str:
-    lines = [f"{'metric':<50}{'n':>4}{'p50':>9}{'p95':>9}  {'unit':<5}{'target':<28}result", "-" * 112]
-    for r in rows:
-        lines.append(
-            f"{r['metric']:<50}{r['n']:>4}{r['p50']:>9.3f}{r['p95']:>9.3f}  {r['unit']:<5}"
-            f"{r['target']:<28}{r['result']}"
-        )
-    completed = sum(k.completed for k in kills)
-    lines += [
-        "",
-        f"settings of the workers: LEASE_SECONDS={settings.lease_seconds:g} (renewed every "
-        f"~{settings.lease_seconds / 3:.2f} s at {settings.interrupt_poll_seconds:g} s ticks), "
-        f"SWEEP_SECONDS={settings.sweep_seconds:g}; a resume cannot be faster than the lease left at the "
-        "kill.",
-        f"resumed turns that went on to finish idle: {completed} of {len(kills)}",
-    ]
-    return "\n".join(lines)
-
-
 def plot(path: Path, kills: list[Kill], answers: Answers, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
     order = sorted(range(len(kills)), key=lambda i: kills[i].resume_s)
     xs = [(rank + 1) / len(kills) for rank in range(len(kills))]
@@ -616,7 +455,7 @@ def plot(path: Path, kills: list[Kill], answers: Answers, title: str) -> None:
     save_figure(figure, path, title)
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--quick", action="store_true", help=f"a smoke run: {QUICK.kills} kills, {QUICK.calls} calls"
@@ -636,7 +475,11 @@ def main(argv: list[str] | None = None) -> int:
         "--note", default="", help="a remark saved with the results (e.g. what code was measured)"
     )
     parser.add_argument("--serve-model", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments().parse_args(argv)
     if args.serve_model:
         serve_model(args.serve_model)
         return 0
@@ -650,56 +493,33 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(args.lease_seconds, args.sweep_seconds)
     began = time.monotonic()
 
-    with (
-        services(args.database_url, args.redis_url) as (database_url, redis_url),
-        tempfile.TemporaryDirectory(prefix="workbench-bench-harness.") as scratch,
-    ):
-        folder = Path(scratch)
-        with timed_model(folder) as (model_url, timings):
-            os.environ.update(ANTHROPIC_BASE_URL=model_url, ANTHROPIC_API_KEY="")
-            setup_django(database_url, redis_url)
-            # A line per HTTP request (the SDK's, the control calls') would drown the progress.
-            logging.getLogger().setLevel(logging.WARNING)
-            from django.core.management import call_command
-            from django.db import connection
-
-            if connection.vendor != "postgresql":
-                raise SystemExit(f"bench/harness: needs PostgreSQL, not {connection.vendor}")
-            call_command("migrate", verbosity=0)
-            machine = machine_info()
-            say(
-                f"{machine['nproc']} CPUs, PostgreSQL {machine['postgresql']['server_version']} "
-                f"(fsync={machine['postgresql']['fsync']}); offline model at {model_url}"
-            )
-            say(
-                f"resume: {plan.kills} kills with LEASE_SECONDS={settings.lease_seconds:g}, "
-                f"SWEEP_SECONDS={settings.sweep_seconds:g}"
-            )
-            kills = measure_resume(plan, settings, database_url, redis_url, model_url, folder)
-            say(
-                f"overhead: {plan.warmup} warm-up + {plan.calls} timed model calls per answer length, in-process"
-            )
-            short = measure_overhead(plan, model_url, timings, "hello")
-            paced = measure_overhead(plan, model_url, timings, f"/long {LONG_WORDS}", tps=PACED_TPS)
-            burst = measure_overhead(plan, model_url, timings, f"/long {LONG_WORDS}")
-            answers = answers_of(short, paced, burst)
-            backlog = drain_broadcasts()
-            machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    with Launcher("harness", database_url=args.database_url, redis_url=args.redis_url) as system:
+        timings = system.folder / "model-timings.txt"
+        timings.touch()
+        model_url = system.model(
+            command=[sys.executable, "-m", "bench.harness", "--serve-model", str(timings)]
+        )
+        system.start_services()  # after the model: the brains in this process read its URL at setup
+        machine = machine_info()
+        say(
+            f"{machine['nproc']} CPUs, PostgreSQL {machine['postgresql']['server_version']} "
+            f"(fsync={machine['postgresql']['fsync']}); offline model at {model_url}"
+        )
+        say(
+            f"resume: {plan.kills} kills with LEASE_SECONDS={settings.lease_seconds:g}, SWEEP_SECONDS={settings.sweep_seconds:g}"
+        )
+        kills = measure_resume(plan, settings, system)
+        say(f"overhead: {plan.warmup} warm-up + {plan.calls} timed model calls per answer length, in-process")
+        short = measure_overhead(plan, model_url, timings, "hello")
+        paced = measure_overhead(plan, model_url, timings, f"/long {LONG_WORDS}", tps=PACED_TPS)
+        burst = measure_overhead(plan, model_url, timings, f"/long {LONG_WORDS}")
+        answers = answers_of(short, paced, burst)
+        backlog = drain_broadcasts()
+        machine["load_average_at_end"] = load_average()
 
     rows = summary(kills, answers)
-    report = table(rows, settings, kills)
-    say("")
-    say(report)
     met = sum(r["result"] == "met" for r in rows)
     total = sum(r["result"] != "-" for r in rows)
-    say("")
-    say(
-        f"targets met: {met} of {total}"
-        + ("" if met == total else " (a benchmark reports; exit status stays 0)")
-    )
-
-    stem = "harness-quick" if args.quick else "harness"
-    RESULTS.mkdir(parents=True, exist_ok=True)
     result = {
         "benchmark": "harness",
         "quick": args.quick,
@@ -727,21 +547,14 @@ def main(argv: list[str] | None = None) -> int:
             "overhead_ms_one_line": round(statistics.fmean(c.overhead_ms for c in short), 3),
         },
         "targets": {"met": met, "total": total},
-        "table": report,
     }
-    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(
-        RESULTS / f"{stem}.png",
-        kills,
-        answers,
+    title = (
         f"bench/harness on {machine['nproc']} CPUs, LEASE_SECONDS={settings.lease_seconds:g}, "
-        f"SWEEP_SECONDS={settings.sweep_seconds:g}, {machine['date']}",
+        f"SWEEP_SECONDS={settings.sweep_seconds:g}, {machine['date']}"
     )
-    say(f"wrote {RESULTS.relative_to(ROOT)}/{stem}.json and {stem}.png ({result['seconds']:.0f} s)")
+    publish(stem("harness", args.quick), result, lambda png: plot(png, kills, answers, title))
     return 0
 
 
 if __name__ == "__main__":
-    # Stop on SIGTERM as on Ctrl-C, so the private PostgreSQL and Redis are stopped and removed.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    sys.exit(main())
+    run(main)

@@ -12,7 +12,7 @@ Usage: .venv/bin/python -m bench.log [--quick] [--database-url URL] [--redis-url
 
 Without a database URL (or BENCH_DATABASE_URL) it starts its own PostgreSQL cluster with default durability
 (fsync, synchronous_commit and full_page_writes on) and its own Redis, on free loopback ports in a temporary
-folder, and removes both at the end. With one, the benchmark's sessions stay in that database (events are
+folder (bench/common/launcher.py), and removes both at the end. With one, the benchmark's sessions stay in that database (events are
 append-only). It prints a table, writes bench/results/log.json and log.png (log-quick.* with --quick), and
 exits 0 whether or not the targets are met.
 """
@@ -22,20 +22,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import multiprocessing
-import os
-import platform
 import random
-import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -43,10 +34,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # so that `python bench/log.py` works as well as `python -m bench.log`
-    sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "bench" / "results"
+if str(Path(__file__).resolve().parent.parent) not in sys.path:  # `python bench/log.py` as well as `-m`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common.app import event_uid, new_session  # noqa: E402
+from bench.common.launcher import Launcher, service_arguments, setup_django  # noqa: E402
+from bench.common.machine import load_average, machine_info, warn_if_busy  # noqa: E402
+from bench.common.results import percentile, publish, pyplot, run, save_figure, say, stem  # noqa: E402
 
 RATIO_TARGET = 0.60
 SLICE_P50_TARGET_MS = 5.0
@@ -122,216 +116,7 @@ class SliceResult:
         return self.p50_ms <= SLICE_P50_TARGET_MS
 
 
-def say(*parts: Any) -> None:
-    print(*parts, flush=True)
-
-
-# --- Services -------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def local_postgres(folder: Path, *, max_connections: int = 100, settings: str = "") -> Iterator[str]:
-    """A private cluster like scripts/test-services.sh starts, but with PostgreSQL's default durability;
-    `settings` adds server options (e.g. "-c shared_buffers=256MB")."""
-    bins = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name))
-    if not bins or not (bins[-1] / "initdb").exists():
-        raise SystemExit("bench: PostgreSQL server binaries not found (apt-get install postgresql)")
-    pgbin = bins[-1]
-    runas = []
-    if os.getuid() == 0:
-        shutil.chown(folder, "postgres")
-        runas = ["runuser", "-u", "postgres", "--"]
-    port = free_port()
-    # --no-sync only skips flushing initdb's own files; the server below runs with fsync on.
-    subprocess.run(
-        [*runas, pgbin / "initdb", "-D", folder / "pg", "-U", "postgres", "-A", "trust", "--no-sync"],
-        check=True,
-        capture_output=True,
-    )
-    options = (
-        f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c max_connections={max_connections} "
-        f"-c fsync=on -c synchronous_commit=on -c full_page_writes=on {settings}"
-    ).strip()
-    subprocess.run(
-        [
-            *runas,
-            pgbin / "pg_ctl",
-            "-D",
-            folder / "pg",
-            "-l",
-            folder / "pg.log",
-            "-w",
-            "-t",
-            "60",
-            "-o",
-            options,
-            "start",
-        ],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        subprocess.run(
-            [*runas, pgbin / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "workbench"],
-            check=True,
-        )
-        yield f"postgres://postgres@127.0.0.1:{port}/workbench"
-    finally:
-        subprocess.run(
-            [*runas, pgbin / "pg_ctl", "-D", folder / "pg", "-m", "fast", "-w", "stop"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-
-@contextlib.contextmanager
-def local_redis(folder: Path) -> Iterator[str]:
-    port = free_port()
-    pidfile = folder / "redis.pid"
-    subprocess.run(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "yes",
-            "--pidfile",
-            pidfile,
-            "--logfile",
-            folder / "redis.log",
-            "--dir",
-            folder,
-        ],
-        check=True,
-    )
-    try:
-        for _ in range(50):
-            if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int(pidfile.read_text()), signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def services(database_url: str | None, redis_url: str | None) -> Iterator[tuple[str, str]]:
-    with contextlib.ExitStack() as stack:
-        folder: Path | None = None
-        if not (database_url and redis_url):
-            folder = Path(tempfile.mkdtemp(prefix="workbench-bench-log."))
-            folder.chmod(0o755)
-            stack.callback(shutil.rmtree, folder, True)
-        if not database_url:
-            assert folder is not None
-            say(f"starting PostgreSQL (default durability) and Redis in {folder}")
-            database_url = stack.enter_context(local_postgres(folder))
-        if not redis_url:
-            assert folder is not None
-            redis_url = stack.enter_context(local_redis(folder))
-        yield database_url, redis_url
-
-
-@contextlib.contextmanager
-def daphne(
-    env: dict[str, str], log_path: Path, *, append_log: bool = False, timeout: float = 60, cwd: Path = ROOT
-) -> Iterator[str]:
-    """Daphne serving `workbench.asgi` of the checkout `cwd` (Daphne imports from its cwd first) on a free
-    loopback port with `env`; its URL once /healthz answers."""
-    import httpx
-
-    url = f"http://127.0.0.1:{free_port()}"
-    with open(log_path, "ab" if append_log else "wb") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                url.rsplit(":", 1)[1],
-                "workbench.asgi:application",
-            ],
-            cwd=cwd,
-            env=env,
-            stdout=log,
-            stderr=log,
-        )
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                        break
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"Daphne did not start; see {log_path}")
-                time.sleep(0.1)
-            yield url
-        finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-
-
-def service_arguments(parser: argparse.ArgumentParser) -> None:
-    """--database-url and --redis-url: a benchmark's own PostgreSQL and Redis unless given."""
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("BENCH_DATABASE_URL"),
-        help="use this PostgreSQL database instead of starting one (env BENCH_DATABASE_URL)",
-    )
-    parser.add_argument(
-        "--redis-url",
-        default=os.environ.get("BENCH_REDIS_URL"),
-        help="use this Redis instead of starting one (env BENCH_REDIS_URL)",
-    )
-
-
-def save_figure(figure: Any, path: Path, title: str) -> None:
-    import matplotlib.pyplot as plt
-
-    figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-
-
-def setup_django(database_url: str, redis_url: str) -> None:
-    os.environ.update(
-        DATABASE_URL=database_url, REDIS_URL=redis_url, DJANGO_SETTINGS_MODULE="workbench.settings"
-    )
-    import django
-
-    django.setup()
-
-
 # --- Appends --------------------------------------------------------------------------------------------
-
-
-def new_session() -> str:
-    from harness.agents import agent_create
-    from sandboxes.environments import environment_create
-    from sessions.services.lifecycle import session_create
-
-    agent = agent_create({"name": "bench", "model": "claude-sonnet-5-5"}).agent_id
-    environment = environment_create({"name": f"bench {agent}"}).id  # names are unique
-    return session_create({"agent": agent, "environment_id": environment}).id
 
 
 def _raw_append(conn: Any, session_id: str) -> None:
@@ -339,7 +124,6 @@ def _raw_append(conn: Any, session_id: str) -> None:
     from psycopg.types.json import Jsonb
 
     from sessions.services.log import APPEND
-    from workbench.ids import new_id
 
     body = dict(EVENT)
     event_type = body.pop("type")
@@ -352,7 +136,7 @@ def _raw_append(conn: Any, session_id: str) -> None:
             "epoch": None,
             "open_only": False,
             "status": None,
-            "uids": [new_id("sevt")],
+            "uids": [event_uid()],
             "types": [event_type],
             "payloads": [Jsonb(body)],
             "event_keys": [None],
@@ -483,9 +267,7 @@ def populate(session_id: str, size: int, *, chunk: int = 100_000) -> float:
     """Append `size` events to an empty session by bulk SQL, with consecutive seqs; returns the seconds taken."""
     from django.db import connection
 
-    from workbench.ids import new_id
-
-    uid_prefix = new_id("sevt")[:21]  # unique per session; the seq makes each uid unique within it
+    uid_prefix = event_uid()[:21]  # unique per session; the seq makes each uid unique within it
     payload = json.dumps({key: value for key, value in EVENT.items() if key != "type"})
     started = time.monotonic()
     for lo in range(0, size, chunk):
@@ -501,11 +283,6 @@ def populate(session_id: str, size: int, *, chunk: int = 100_000) -> float:
         if size > chunk:
             say(f"  populate {size:>9,}: {hi:>9,} events ({time.monotonic() - started:5.1f} s)")
     return time.monotonic() - started
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(fraction * len(ordered)) - 1)]
 
 
 def time_reads(sessions: dict[int, str], reads: int) -> list[SliceResult]:
@@ -571,109 +348,8 @@ def flatness(slices: list[SliceResult]) -> dict[str, Any]:
     }
 
 
-# --- Report ---------------------------------------------------------------------------------------------
-
-
-def process_stats() -> Iterator[tuple[int, str, list[str]]]:
-    """Every process still there: its pid, its command name and the fields of /proc/<pid>/stat after the name
-    (state first; utime and stime are [11:13], with the children's [11:15])."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "stat").read_text()
-        except OSError:
-            continue
-        yield int(entry.name), raw[raw.index("(") + 1 : raw.rindex(")")], raw[raw.rindex(")") + 2 :].split()
-
-
-def cpu_pressure_us() -> float | None:
-    """Microseconds, since boot, that some runnable task waited for a CPU (Linux PSI), if the kernel says."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        return float(Path("/proc/pressure/cpu").read_text().split()[4].split("=")[1])
-    return None
-
-
-def machine_info() -> dict[str, Any]:
-    import django
-    import psycopg
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        settings = {}
-        for name in (
-            "server_version",
-            "fsync",
-            "synchronous_commit",
-            "full_page_writes",
-            "shared_buffers",
-            "wal_sync_method",
-        ):
-            cursor.execute(f"SHOW {name}")
-            settings[name] = cursor.fetchone()[0]
-    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    return {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "nproc": len(os.sched_getaffinity(0)),
-        "cpu": cpu,
-        "memory_gib": round(int(meminfo["MemTotal"].split()[0]) / 2**20, 1),
-        "kernel": platform.release(),
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
-        "django": django.get_version(),
-        "psycopg": psycopg.__version__,
-        "postgresql": settings,
-    }
-
-
-def power(size: int) -> str:
-    exponent = round(math.log10(size))
-    return f"10^{exponent}" if 10**exponent == size else f"{size:,}"
-
-
-def table(cases: list[AppendCase], slices: list[SliceResult], flat: dict[str, Any]) -> str:
-    yes = {True: "met", False: "MISSED"}
-    rule = "-" * 100
-    lines = [
-        f"{'append case':<26}{'emit_event/s':>13}{'raw/s':>9}{'emit/raw':>10}  {'target':<16}{'result':<8}"
-        "CPU/event emit, raw",
-        rule,
-    ]
-    for c in cases:
-        cpu = f"{statistics.median(c.emit_cpu_us):,.0f}, {statistics.median(c.raw_cpu_us):,.0f} us"
-        lines.append(
-            f"{c.name:<26}{c.emit:>13,.0f}{c.raw:>9,.0f}{c.ratio:>10.0%}  "
-            f"{'>= ' + format(RATIO_TARGET, '.0%') + ' of raw':<16}{yes[c.met]:<8}{cpu}"
-        )
-    lines += ["", f"{'slice read (100 events)':<38}{'p50 ms':>8}{'p95 ms':>9}  {'target':<16}result", rule]
-    for r in slices:
-        what = f"[s:s+{SLICE}], random s" if r.kind == "random" else f"[-{SLICE}:]"
-        lines.append(
-            f"{power(r.size) + ' events ' + what:<38}{r.p50_ms:>8.2f}{r.p95_ms:>9.2f}  "
-            f"{'p50 <= ' + format(SLICE_P50_TARGET_MS, 'g') + ' ms':<16}{yes[r.met]}"
-        )
-    lines.append(
-        f"{'flat ' + power(flat['from']) + ' -> ' + power(flat['to']) + ' (random p50)':<38}"
-        f"{flat['p50_to_ms']:>8.2f}{'':>9}  {'<= ' + format(flat['limit_ms'], '.2f') + ' ms':<16}"
-        f"{yes[flat['met']]}"
-    )
-    return "\n".join(lines)
-
-
 def plot(path: Path, cases: list[AppendCase], slices: list[SliceResult], title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     figure, (bars, curves) = plt.subplots(1, 2, figsize=(12, 4.8))
     xs = range(len(cases))
     width = 0.38
@@ -731,45 +407,24 @@ def main(argv: list[str] | None = None) -> int:
     plan = QUICK if args.quick else DEFAULT
     began = time.monotonic()
 
-    with services(args.database_url, args.redis_url) as (database_url, redis_url):
-        setup_django(database_url, redis_url)
-        from django.core.management import call_command
-        from django.db import connection, connections
-
-        if connection.vendor != "postgresql":
-            raise SystemExit(f"bench/log: needs PostgreSQL, not {connection.vendor}")
-        call_command("migrate", verbosity=0)
+    with Launcher("log", database_url=args.database_url, redis_url=args.redis_url) as system:
+        system.start_services()
         machine = machine_info()
         pg = machine["postgresql"]
         say(
             f"PostgreSQL {pg['server_version']} (fsync={pg['fsync']}, synchronous_commit="
             f"{pg['synchronous_commit']}), {machine['nproc']} CPUs, {machine['memory_gib']} GiB"
         )
-        if machine["load_average_at_start"][0] > 0.5:
-            say(
-                f"note: load average {machine['load_average_at_start'][0]} before starting; other work on this "
-                "machine will make the figures noisy"
-            )
+        warn_if_busy(machine)
         say(f"appends: {plan.rounds} rounds of {plan.duration:g} s per side and case")
-        cases = measure_appends(plan, database_url, redis_url)
+        assert system.database_url and system.redis_url
+        cases = measure_appends(plan, system.database_url, system.redis_url)
         slices, populate_seconds = measure_slices(plan)
-        connections.close_all()
-        machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        machine["load_average_at_end"] = load_average()
 
     flat = flatness(slices)
-    report = table(cases, slices, flat)
     met = sum(c.met for c in cases) + sum(r.met for r in slices) + flat["met"]
     total = len(cases) + len(slices) + 1
-    say("")
-    say(report)
-    say("")
-    say(
-        f"targets met: {met} of {total}"
-        + ("" if met == total else " (a benchmark reports; exit status stays 0)")
-    )
-
-    stem = "log-quick" if args.quick else "log"
-    RESULTS.mkdir(parents=True, exist_ok=True)
     result = {
         "benchmark": "log",
         "quick": args.quick,
@@ -810,20 +465,11 @@ def main(argv: list[str] | None = None) -> int:
         },
         "populate_seconds": {str(size): round(s, 1) for size, s in populate_seconds.items()},
         "targets": {"met": met, "total": total},
-        "table": report,
     }
-    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(
-        RESULTS / f"{stem}.png",
-        cases,
-        slices,
-        f"bench/log on {machine['nproc']} CPUs, PostgreSQL {pg['server_version']} (fsync on), {machine['date']}",
-    )
-    say(f"wrote {RESULTS.relative_to(ROOT)}/{stem}.json and {stem}.png ({result['seconds']:.0f} s)")
+    title = f"bench/log on {machine['nproc']} CPUs, PostgreSQL {pg['server_version']} (fsync on), {machine['date']}"
+    publish(stem("log", args.quick), result, lambda png: plot(png, cases, slices, title))
     return 0
 
 
 if __name__ == "__main__":
-    # Stop on SIGTERM as on Ctrl-C, so the private PostgreSQL and Redis are stopped and removed.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    sys.exit(main())
+    run(main)

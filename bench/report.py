@@ -3,15 +3,20 @@
 Usage: .venv/bin/python bench/report.py [--quick]
 
 Each benchmark gets a section: its targets beside the measured figures, how it was run, the machine it ran on
-and its plot. Benchmarks this file knows (log, harness, sandboxes, ttft) are rendered from their own structure;
-any other `bench/results/<name>.json` is rendered from its lists of rows. A full run's results are used when
-present, a `--quick` run's otherwise (and first with --quick); a section says which.
+and its plot. Benchmarks this file knows (log, harness, sandboxes, ui, ttft, api) are rendered from their own
+structure; any other `bench/results/<name>.json` is rendered from its lists of rows. A full run's results are
+used when present, a `--quick` run's otherwise (and first with --quick); a section says which.
+
+The same renderers print a benchmark's figures when it ends (`render`, through bench/common/results.py), so
+the terminal and the README show one table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,13 +36,28 @@ TITLES = {
 
 # --- Small helpers ----------------------------------------------------------------------------------------
 
+FIGURE = re.compile(r"–|[-+]?[\d,]*\.?\d+(%|x| ms| s)?( \(\d+\))?")
+
 
 def md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    """A Markdown table, its columns padded so that it reads as a table in a terminal too."""
+
     def cell(value: Any) -> str:
         return "–" if value is None or value == "" else str(value).replace("|", "\\|")
 
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows] + [""]
+    body = [[cell(v) for v in row] for row in rows]
+    widths = [max(3, len(h), *(len(row[i]) for row in body)) for i, h in enumerate(header)]
+    # Columns of figures are right-aligned, here and where the Markdown is shown.
+    right = [bool(body) and all(FIGURE.fullmatch(row[i]) for row in body) for i in range(len(header))]
+
+    def line(values: list[str]) -> str:
+        padded = (v.rjust(w) if r else v.ljust(w) for v, w, r in zip(values, widths, right, strict=True))
+        return "| " + " | ".join(padded) + " |"
+
+    rule = (
+        "|" + "|".join("-" * (w + 1) + (":" if r else "-") for w, r in zip(widths, right, strict=True)) + "|"
+    )
+    return [line(header), rule, *map(line, body), ""]
 
 
 def verdict(met: bool | None) -> str:
@@ -46,6 +66,10 @@ def verdict(met: bool | None) -> str:
 
 def num(value: float | None, digits: int = 1) -> str | None:
     return None if value is None else f"{value:,.{digits}f}"
+
+
+def median(values: list[float] | None) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def machine_line(machine: dict[str, Any], when: str | None = None) -> str:
@@ -85,7 +109,15 @@ def render_log(data: dict[str, Any]) -> tuple[list[str], int, int]:
         "",
     ]
     out += md_table(
-        ["append case", "emit_event / s", "raw psycopg / s", "emit / raw", "target", "result"],
+        [
+            "append case",
+            "emit_event / s",
+            "raw psycopg / s",
+            "emit / raw",
+            "target",
+            "result",
+            "CPU µs / event, emit / raw",
+        ],
         [
             [
                 a["case"],
@@ -94,6 +126,8 @@ def render_log(data: dict[str, Any]) -> tuple[list[str], int, int]:
                 f"{a['ratio']:.0%}",
                 a["target"],
                 verdict(a["met"]),
+                f"{num(median(a.get('emit_writer_cpu_us_per_event')), 0)} / "
+                f"{num(median(a.get('raw_writer_cpu_us_per_event')), 0)}",
             ]
             for a in data.get("appends", [])
         ],
@@ -246,6 +280,14 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
             "",
         ]
     out += [
+        "Decoupled and decoupled+pool, p50 from the POST: answered "
+        + " / ".join(f"{num(r.get('post_p50_ms'), 0)}" for r in rows[1:])
+        + " ms; then the streaming path beyond the model's TTFT "
+        + " / ".join(f"{num(r.get('stream_path_p50_ms'), 0)}" for r in rows[1:])
+        + " ms (the SDK, previews, Redis, Daphne, this client).",
+        "",
+    ]
+    out += [
         "Left out above as failed (a clone or sandbox error, a tool result without the repository, a timeout): "
         + ", ".join(f"{r['mode']} {r['failed']}" for r in rows)
         + ". Kept, though their lease lapsed and the sweeper woke another brain mid-turn: "
@@ -315,6 +357,8 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
             "running at once (mean; min–max)",
             "CPU pressure",
             "model asked directly, TTFT p50 / p95",
+            "load average at the end",
+            "client loop lag p99",
             "cores used by our processes",
         ],
         [
@@ -324,6 +368,8 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
                 f"{p['running_at_once']['mean']}; {p['running_at_once']['min']}–{p['running_at_once']['max']}",
                 p.get("cpu_pressure"),
                 f"{p['model_direct_ttft_ms']['p50']} / {p['model_direct_ttft_ms']['p95']} ms",
+                ", ".join(map(str, p.get("load_average_at_end", []))),
+                f"{p.get('client_loop_lag_ms', {}).get('p99')} ms",
                 ", ".join(f"{k} {v:.2f}" for k, v in p.get("cores_used", {}).items()),
             ]
             for name, p in phases.items()
@@ -334,7 +380,8 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
         "machine is shared, so it includes whatever else ran.",
         "",
         f"Settings: {settings['workers']}; {settings['web']}; {settings['beat']}; PostgreSQL "
-        f"{settings['postgresql']}; sandboxes {settings['sandbox']}. Failed sessions: {len(data.get('failures', []))}.",
+        f"{settings['postgresql']}; sandboxes {settings['sandbox']}. Failed sessions: {len(data.get('failures', []))}; "
+        f"background turns sent: {data.get('background', {}).get('turns_sent', '–')}.",
         "",
     ]
     previous = data.get("previous")
@@ -383,7 +430,12 @@ def render_ui(data: dict[str, Any]) -> tuple[list[str], int, int]:
         ],
     )
     if "append_missing" in data:
-        out += [f"Appended events that never showed in a page: {data['append_missing']}.", ""]
+        slowest = max(data.get("append_page_p95_ms") or [0])
+        out += [
+            f"Appended events that never showed in a page: {data['append_missing']}; the slowest page's p95: "
+            f"{slowest:.0f} ms.",
+            "",
+        ]
     load = data.get("machine_load") or []
     if load:
         kinds = sorted({kind for row in load for kind in row["cores"]})
@@ -468,6 +520,16 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], tuple[list[str], int, int]]] = {
 }
 
 
+def render(name: str, data: dict[str, Any]) -> tuple[list[str], int, int]:
+    """A benchmark's figures as Markdown, with its targets met and in all; a result of another shape than its
+    renderer knows is still shown, by the generic one."""
+    try:
+        return RENDERERS.get(name, render_generic)(data)
+    except (KeyError, TypeError, IndexError, ValueError) as error:
+        body = [f"(could not render the {name} results by their known shape: {error!r})", ""]
+        return body + render_generic(data)[0], 0, 0
+
+
 # --- The page ---------------------------------------------------------------------------------------------
 
 
@@ -495,16 +557,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         data = json.loads(path.read_text())
         quick = data.get("quick", path.stem.endswith("-quick"))
-        try:
-            body, met, total = RENDERERS.get(name, render_generic)(data)
-        except (
-            KeyError,
-            TypeError,
-            IndexError,
-            ValueError,
-        ) as error:  # a result of another shape: still show it
-            body, met, total = [f"(could not render {path.name} by its known shape: {error!r})", ""], 0, 0
-            body += render_generic(data)[0]
+        body, met, total = render(name, data)
         machine = data.get("machine", {})
         when = data.get("at") or machine.get("date")
         machines.append(machine)

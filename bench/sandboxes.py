@@ -1,8 +1,8 @@
 """Benchmark of the sandbox providers: provisioning time and the round trip of one tool call.
 
-    .venv/bin/python bench/sandboxes.py [--provisions 20] [--calls 200]
+    .venv/bin/python bench/sandboxes.py [--quick] [--provisions 20] [--calls 200]
 
-Prints a table and writes bench/results/sandboxes.json and bench/results/sandboxes.png.
+Prints a table and writes bench/results/sandboxes.json and sandboxes.png (sandboxes-quick.* with --quick).
 
 - cold provision: `provision()` of a new container from the image (no pool), p50/p95;
 - provision to first result: `provision()` then the first `execute` of `echo hi` returning;
@@ -12,32 +12,41 @@ Prints a table and writes bench/results/sandboxes.json and bench/results/sandbox
 - the same for the local (bubblewrap) provider when bwrap works here.
 
 A warm pool (sandboxes provisioned ahead, handed out on demand) belongs to the Django layer: pass its
-measurement as an extra row, `run(extra_rows=[warm_pool_row])`, where `warm_pool_row()` returns a
+measurement as an extra row, `run_rows(extra_rows=[warm_pool_row])`, where `warm_pool_row()` returns a
 `Row` (see `timed_row`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+if str(Path(__file__).resolve().parent.parent) not in sys.path:  # `python bench/sandboxes.py` as well as `-m`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import ROOT  # noqa: E402
+from bench.common.app import (  # noqa: E402
+    new_agent,
+    new_environment,
+    new_session,
+    provision_sandbox,
+    refill_pool,
+    terminate_sandboxes,
+)
+from bench.common.machine import machine_info  # noqa: E402
+from bench.common.results import publish, pyplot, run, save_figure, stem  # noqa: E402
 from sandboxes.providers.base import Provider, Resources  # noqa: E402
 from sandboxes.providers.docker import DockerProvider  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 LABELS = {"workbench.sandbox": "bench", "workbench.bench": "sandboxes"}
 TARGET_PROVISION_P50_MS = 500.0
 TARGET_OVERHEAD_P50_MS = 30.0
@@ -161,7 +170,7 @@ def local_available() -> Provider | None:
     return LocalProvider()
 
 
-def run(
+def run_rows(
     *, provisions: int = 20, calls: int = 200, extra_rows: Iterable[Callable[[], Row | list[Row]]] = ()
 ) -> list[Row]:
     rows: list[Row] = []
@@ -179,54 +188,8 @@ def run(
     return rows
 
 
-def table(rows: list[Row]) -> str:
-    lines = [f"{'measurement':<42} {'n':>4} {'p50 ms':>9} {'p95 ms':>9}  target", "-" * 90]
-    lines += [f"{r.name:<42} {len(r.samples_ms):>4} {r.p50:>9.1f} {r.p95:>9.1f}  {r.verdict}" for r in rows]
-    by_name = {row.name: row for row in rows}
-    raw, execute = (
-        by_name.get("docker: raw docker exec (echo hi)"),
-        by_name.get("docker: execute bash (echo hi)"),
-    )
-    if raw and execute:
-        lines.append(
-            f"{'docker: execute / raw exec, ratio of p50s':<42} {'':>4} {execute.p50 / raw.p50:>9.2f}"
-        )
-    return "\n".join(lines)
-
-
-def machine() -> dict[str, object]:
-    docker_version = subprocess.run(
-        ["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    return {
-        "cpus": os.cpu_count(),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "docker": docker_version or None,
-    }
-
-
-def save(rows: list[Row]) -> tuple[Path, Path]:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    data = {
-        "benchmark": "sandboxes",
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": machine(),
-        "rows": [{**asdict(row), "p50_ms": row.p50, "p95_ms": row.p95} for row in rows],
-    }
-    json_path = RESULTS / "sandboxes.json"
-    json_path.write_text(json.dumps(data, indent=2) + "\n")
-    png_path = RESULTS / "sandboxes.png"
-    plot(rows, png_path)
-    return json_path, png_path
-
-
-def plot(rows: list[Row], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(rows: list[Row], path: Path, title: str) -> None:
+    plt = pyplot()
     provision = [row for row in rows if "provision" in row.name]
     calls = [row for row in rows if "provision" not in row.name and "overhead" not in row.name]
     figure, axes = plt.subplots(1, 2, figsize=(13, 4.8))
@@ -243,9 +206,7 @@ def plot(rows: list[Row], path: Path) -> None:
         for row in group:
             if row.target_p50_ms:
                 axis.axhline(row.target_p50_ms, color="tab:red", linestyle="--", linewidth=1)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save_figure(figure, path, title)
 
 
 def warm_pool_rows(samples: int) -> list[Row]:
@@ -254,9 +215,6 @@ def warm_pool_rows(samples: int) -> list[Row]:
     Runs Django against a throw-away SQLite file (the pool's bookkeeping is a few row updates); the pool is
     refilled, untimed, before each timed take.
     """
-    import os
-    import tempfile
-
     folder = tempfile.mkdtemp(prefix="bench-pool-")
     os.environ.update(
         DATABASE_URL=f"sqlite:///{folder}/bench.sqlite3",
@@ -269,36 +227,26 @@ def warm_pool_rows(samples: int) -> list[Row]:
 
     django.setup()
     call_command("migrate", verbosity=0)
-    from harness.agents import agent_create
-    from sandboxes.environments import environment_create
-    from sandboxes.hands import sandbox_provision, sandbox_terminate
-    from sandboxes.models import Sandbox
-    from sandboxes.pool import pool_refill
-    from sessions.services.lifecycle import session_create
-
-    agent = agent_create({"name": "bench", "model": "m"}).agent_id
+    agent = new_agent()
     rows = []
     for label, pool, target in (
         ("platform: provision from the warm pool", 1, 50.0),
         ("platform: provision cold (no pool)", 0, None),
     ):
-        env = environment_create(
-            {"name": label, "config": {"type": "cloud", "sandbox": {"warm_pool": pool}}}
-        ).id
-        session = session_create({"agent": agent, "environment_id": env}).id
+        env = new_environment(label, {"type": "cloud", "sandbox": {"warm_pool": pool}})
+        session = new_session(agent=agent, environment=env)
         row = Row(label, target_p50_ms=target)
         for i in range(samples):
-            pool_refill(env)
+            refill_pool(env)
             started = time.perf_counter()
-            sandbox = sandbox_provision(session, name=f"hand-{i}")
+            sandbox = provision_sandbox(session, name=f"hand-{i}")
             row.samples_ms.append((time.perf_counter() - started) * 1000)
             assert bool(sandbox.labels.get("from_pool")) == bool(pool), (
                 "the pool did not hand out its sandbox"
             )
-            sandbox_terminate(sandbox.id)  # a session holds at most SANDBOX_MAX_PER_SESSION hands
+            terminate_sandboxes(session)  # a session holds at most SANDBOX_MAX_PER_SESSION hands
         rows.append(row)
-        for sandbox in Sandbox.objects.exclude(status="terminated"):
-            sandbox_terminate(sandbox.id)
+        terminate_sandboxes()
     return rows
 
 
@@ -310,14 +258,23 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.provisions, args.calls = 5, 30
-    rows = run(
+    began = time.monotonic()
+    rows = run_rows(
         provisions=args.provisions, calls=args.calls, extra_rows=[lambda: warm_pool_rows(args.provisions)]
     )
-    print(table(rows))
-    json_path, png_path = save(rows)
-    print(f"\nsaved {json_path.relative_to(ROOT)} and {png_path.relative_to(ROOT)}")
+    machine = machine_info(tools=True)
+    result = {
+        "benchmark": "sandboxes",
+        "quick": args.quick,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine,
+        "seconds": round(time.monotonic() - began, 1),
+        "rows": [{**asdict(row), "p50_ms": row.p50, "p95_ms": row.p95} for row in rows],
+    }
+    title = f"bench/sandboxes on {machine['nproc']} CPUs, Docker {machine['docker'] or '-'}, {result['at']}"
+    publish(stem("sandboxes", args.quick), result, lambda png: plot(rows, png, title))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

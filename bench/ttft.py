@@ -23,7 +23,7 @@ at once" on its own: decoupled sessions only, at a steady rate, beside the same 
 phase 1's stream of coupled clones competing for the machine. Both phases' figures are reported; the target
 on the platform's share is judged on phase 2.
 
-Everything is real and local: its own PostgreSQL and Redis (as bench/log.py starts them), migrations, Daphne,
+Everything is real and local (bench/common/launcher.py): its own PostgreSQL and Redis, migrations, Daphne,
 Celery workers (threads pool) and beat (the sweeper, the reaper, pool maintenance), Docker sandboxes from
 workbench-sandbox:latest, `git daemon` and the offline model in their own processes. Sessions are archived
 and their sandboxes terminated as they finish; at the end every container labelled with the run's
@@ -41,8 +41,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
-import logging
 import math
 import os
 import random
@@ -52,31 +52,34 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # so that `python bench/ttft.py` works as well as `python -m bench.ttft`
-    sys.path.insert(0, str(ROOT))
+if str(Path(__file__).resolve().parent.parent) not in sys.path:  # `python bench/ttft.py` as well as `-m`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.log import (  # noqa: E402
-    cpu_pressure_us,
-    free_port,
-    local_postgres,
-    local_redis,
-    machine_info,
+from bench.common import ROOT  # noqa: E402
+from bench.common.app import new_api_key, remove_sandboxes, terminate_sandboxes  # noqa: E402
+from bench.common.launcher import Launcher  # noqa: E402
+from bench.common.machine import busy, cpu_jiffies, cpu_pressure_us, load_average, machine_info  # noqa: E402
+from bench.common.processes import free_port, wait_until  # noqa: E402
+from bench.common.results import (  # noqa: E402
+    RESULTS,
+    ms,
+    pct,
     percentile,
-    process_stats,
+    publish,
+    pyplot,
+    run,
     save_figure,
     say,
-    setup_django,
+    stem,
 )
-
-RESULTS = ROOT / "bench" / "results"
 
 MODES = ("coupled", "decoupled", "decoupled+pool")
 # The reference system's figures, taken as this benchmark's targets.
@@ -96,6 +99,14 @@ BACKGROUND_THOUGHT = (
     "The failing check points at the request parser; I will look at the recent history "
     "and the tree before opening a file, so the change stays small."
 )
+# Where the CPU went, by part: a label and the name prefix of the launched processes it counts.
+PARTS = {
+    "web (Daphne)": "daphne",
+    "workers (Celery)": "worker-",
+    "beat": "beat",
+    "git daemon": "git-daemon",
+    "offline model": "model",
+}
 
 
 @dataclass(frozen=True)
@@ -109,9 +120,7 @@ class Plan:
     model_ttft_ms: float  # the offline model's fixed time to first token
     model_tps: float  # its streaming rate, tokens per second
     background_tool_seconds: float  # each background bash call sleeps this long first
-    platform_sessions: (
-        int  # phase 2: decoupled sessions measuring the platform's share, with the background on
-    )
+    platform_sessions: int  # phase 2: decoupled sessions for the platform's share, with the background on
     platform_rate: float  # their mean arrivals per second
     provider: str = "docker"  # the sandboxes' provider: docker, or local (bubblewrap)
     workers: int = 4  # Celery worker processes (threads pool)
@@ -134,18 +143,8 @@ DEFAULT = Plan(
     platform_sessions=100,
     platform_rate=1.0,
 )
-QUICK = Plan(
-    per_mode=20,
-    warmup=2,
-    rate=0.5,
-    background=10,
-    tool_turn_every=4,
-    warm_pool=3,
-    model_ttft_ms=300.0,
-    model_tps=50.0,
-    background_tool_seconds=15.0,
-    platform_sessions=20,
-    platform_rate=1.0,
+QUICK = replace(
+    DEFAULT, per_mode=20, warmup=2, background=10, tool_turn_every=4, warm_pool=3, platform_sessions=20
 )
 
 
@@ -194,10 +193,13 @@ class Phase:
     load_average: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
+        def mean(values: list[Any]) -> float | None:
+            return round(statistics.fmean(values), 1) if values else None
+
         return {
             "seconds": round(self.seconds, 1),
             "running_at_once": {
-                "mean": round(statistics.fmean(self.running), 1) if self.running else 0.0,
+                "mean": mean(self.running) or 0.0,
                 "min": min(self.running, default=0),
                 "max": max(self.running, default=0),
             },
@@ -207,14 +209,10 @@ class Phase:
             "cores_used": {
                 k: round(v / self.seconds, 2)
                 for k, v in sorted(self.cpu_seconds.items(), key=lambda kv: -kv[1])
-                if v > 0
-            }
-            if self.seconds
-            else {},
+                if v > 0 and self.seconds
+            },
             "pg_connections_max": max(self.pg_connections, default=0),
-            "live_sandboxes_mean": round(statistics.fmean(self.live_sandboxes), 1)
-            if self.live_sandboxes
-            else None,
+            "live_sandboxes_mean": mean(self.live_sandboxes),
             "model_direct_ttft_ms": {
                 "n": len(self.model_probe_ms),
                 "p50": pct(self.model_probe_ms, 0.5),
@@ -225,110 +223,13 @@ class Phase:
         }
 
 
-# --- Services and processes --------------------------------------------------------------------------------
-
-
-class Processes:
-    """Child processes, each in its own process group, stopped in reverse order."""
-
-    def __init__(self, folder: Path, env: dict[str, str]):
-        self.folder, self.env = folder, env
-        self.started: list[tuple[str, subprocess.Popen[bytes]]] = []
-
-    def start(self, name: str, command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-        with open(self.folder / f"{name}.log", "ab") as log:
-            process = subprocess.Popen(
-                command,
-                cwd=kwargs.pop("cwd", ROOT),
-                env=kwargs.pop("env", self.env),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                **kwargs,
-            )
-        self.started.append((name, process))
-        return process
-
-    def check(self) -> None:
-        for name, process in self.started:
-            if process.poll() is not None:
-                tail = (self.folder / f"{name}.log").read_text(errors="replace")[-3000:]
-                raise SystemExit(f"bench/ttft: {name} exited with {process.returncode}:\n{tail}")
-
-    def log(self, name: str) -> str:
-        return (self.folder / f"{name}.log").read_text(errors="replace")
-
-    def pids(self, prefix: str) -> list[int]:
-        return [p.pid for name, p in self.started if name.startswith(prefix) and p.poll() is None]
-
-    def stop(self) -> None:
-        for _, process in reversed(self.started):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for _, process in reversed(self.started):
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(10)
-
-
-def wait_until(condition: Any, timeout: float, what: str, processes: Processes | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if processes is not None:
-            processes.check()
-        if time.monotonic() > deadline:
-            raise SystemExit(f"bench/ttft: timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.1)
-
-
 # --- The repository ----------------------------------------------------------------------------------------
 
-_WORDS = (
-    "request",
-    "response",
-    "session",
-    "event",
-    "handler",
-    "config",
-    "value",
-    "result",
-    "error",
-    "index",
-    "buffer",
-    "stream",
-    "parse",
-    "render",
-    "token",
-    "cache",
-    "client",
-    "server",
-    "worker",
-    "queue",
-    "state",
-    "item",
-    "node",
-    "tree",
-    "path",
-    "file",
-    "line",
-    "count",
-    "limit",
-    "offset",
-    "start",
-    "stop",
-    "name",
-    "kind",
-    "router",
-    "schema",
-    "record",
-    "batch",
-    "retry",
-    "lease",
-)
+WORDS = (  # noqa: SIM905 - a line of words reads better than forty lines of them
+    "request response session event handler config value result error index buffer stream parse render token "
+    "cache client server worker queue state item node tree path file line count limit offset start stop name "
+    "kind router schema record batch retry lease"
+).split()
 
 
 def build_repository(folder: Path, *, files: int, commits: int, seed: int) -> dict[str, Any]:
@@ -347,16 +248,17 @@ def build_repository(folder: Path, *, files: int, commits: int, seed: int) -> di
         "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
     }
 
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
-        ).stdout.strip()
+    def git(*args: str, at: Path = repo) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(at), *args], check=True, capture_output=True, text=True, env=env
+        )
+        return done.stdout.strip()
 
     def source(lines: int) -> str:
         out = []
         for i in range(lines):
             indent = "    " * rng.randrange(0, 3)
-            w = rng.choices(_WORDS, k=rng.randrange(3, 9))
+            w = rng.choices(WORDS, k=rng.randrange(3, 9))
             if rng.random() < 0.1:
                 out.append(f"{indent}def {w[0]}_{w[1]}_{i}(self, {', '.join(w[2:])}):")
             else:
@@ -369,7 +271,7 @@ def build_repository(folder: Path, *, files: int, commits: int, seed: int) -> di
     paths = []
     for i in range(files):
         path = (
-            f"src/{rng.choice(_WORDS)}/{rng.choice(_WORDS)}/{rng.choice(_WORDS)}_{i}"
+            f"src/{rng.choice(WORDS)}/{rng.choice(WORDS)}/{rng.choice(WORDS)}_{i}"
             f"{rng.choice(('.py', '.py', '.py', '.ts', '.md', '.json'))}"
         )
         paths.append(path)
@@ -385,28 +287,37 @@ def build_repository(folder: Path, *, files: int, commits: int, seed: int) -> di
         for path in rng.sample(paths, 60):
             with open(repo / path, "a") as out:
                 out.write(source(20))
-        git("commit", "-q", "-a", "-m", f"Change {c + 1}: adjust {rng.choice(_WORDS)} handling")
+        git("commit", "-q", "-a", "-m", f"Change {c + 1}: adjust {rng.choice(WORDS)} handling")
     git("repack", "-q", "-a", "-d", "-f", "--window=0", "--depth=0")
     git("prune-packed")
     tree_bytes = sum(p.stat().st_size for p in repo.rglob("*") if p.is_file() and ".git" not in p.parts)
     pack_bytes = sum(p.stat().st_size for p in (repo / ".git").rglob("*.pack"))
     served = folder / "repo.git"
-    subprocess.run(["git", "clone", "-q", "--bare", str(repo), str(served)], check=True, capture_output=True)
-    subprocess.run(
-        ["git", "-C", str(served), "repack", "-q", "-a", "-d", "-f", "--window=0", "--depth=0"],
-        check=True,
-        capture_output=True,
-    )
+    git("clone", "-q", "--bare", str(repo), str(served), at=folder)
+    git("repack", "-q", "-a", "-d", "-f", "--window=0", "--depth=0", at=served)
     shutil.rmtree(repo)
     return {
         "files": len(paths) + 7,
         "commits": commits + 1,
         "tree_mb": round(tree_bytes / 1e6, 1),
         "pack_mb": round(pack_bytes / 1e6, 1),
-        "head": subprocess.run(
-            ["git", "-C", str(served), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
-        ).stdout.strip(),
+        "head": git("rev-parse", "HEAD", at=served),
     }
+
+
+def serve_repository(system: Launcher, plan: Plan) -> dict[str, Any]:
+    """The repository, built in the run's folder and served by `git daemon` on a free loopback port."""
+    folder = system.folder / "git"
+    say(f"building the repository ({plan.files} files, {plan.commits + 1} commits) in {system.folder}")
+    repo = build_repository(folder, files=plan.files, commits=plan.commits, seed=plan.seed)
+    port = free_port()
+    say(
+        f"  {repo['files']} files, {repo['tree_mb']} MB of tree, pack {repo['pack_mb']} MB, head "
+        f"{repo['head'][:12]}; serving it with git daemon on 127.0.0.1:{port}"
+    )
+    daemon = ["git", "daemon", "--reuseaddr", f"--base-path={folder}", "--export-all", "--listen=127.0.0.1"]
+    system.processes.start("git-daemon", [*daemon, f"--port={port}", "--max-connections=128", str(folder)])
+    return {**repo, "url": f"git://127.0.0.1:{port}/repo.git"}
 
 
 # --- The client: the /v1 API and its SSE stream -----------------------------------------------------------
@@ -416,11 +327,9 @@ class Api:
     def __init__(self, base_url: str, key: str):
         import httpx
 
-        self.base_url = base_url
-        self.headers = {"authorization": f"Bearer {key}"}
         self.http = httpx.AsyncClient(
             base_url=base_url,
-            headers=self.headers,
+            headers={"authorization": f"Bearer {key}"},
             timeout=httpx.Timeout(60.0),
             limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
         )
@@ -439,10 +348,11 @@ class Api:
 
 
 class Stream:
-    """A session's SSE stream, read by a task that stamps each event as it arrives (monotonic clock)."""
+    """A session's SSE stream with agent.message deltas, read by a task that stamps each event as it arrives
+    (monotonic clock)."""
 
-    def __init__(self, api: Api, session_id: str, *, deltas: bool):
-        self.api, self.session_id, self.deltas = api, session_id, deltas
+    def __init__(self, api: Api, session_id: str):
+        self.api, self.session_id = api, session_id
         self.queue: asyncio.Queue[tuple[float, str, dict[str, Any] | None]] = asyncio.Queue()
         self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.task = asyncio.create_task(self._read())
@@ -450,12 +360,11 @@ class Stream:
     async def _read(self) -> None:
         import httpx
 
-        params = [("event_deltas[]", "agent.message")] if self.deltas else []
         try:
             async with self.api.http.stream(
                 "GET",
                 f"/v1/sessions/{self.session_id}/events/stream",
-                params=params,
+                params=[("event_deltas[]", "agent.message")],
                 timeout=httpx.Timeout(60.0, read=None),
             ) as response:
                 if response.status_code != 200:
@@ -503,27 +412,23 @@ class Run:
         api: Api,
         repo: dict[str, Any],
         model_url: str,
-        agent: str,
-        environments: dict[str, str],
-        cpu_snapshot: Any,
+        cpu_snapshot: Callable[[], dict[str, float]],
+        checkpoint: Callable[[Run], None],
     ):
         self.plan, self.api, self.repo, self.model_url = plan, api, repo, model_url
         self.cpu_snapshot = cpu_snapshot
-        self.agent, self.environments = agent, environments
+        self.checkpoint = checkpoint  # called every progress line, to save what is measured so far
+        self.agent, self.environments = "", {}
         self.samples: list[Sample] = []
         self.phases: list[Phase] = []
         self.phase: Phase | None = None  # the one being measured
-        self.timeline: list[
-            tuple[float, int]
-        ] = []  # (seconds from the first phase's start, sessions running)
+        # (seconds from the first phase's start, sessions running)
+        self.timeline: list[tuple[float, int]] = []
         self.background_ids: list[str] = []
         self.background_turns = 0
         self.background_errors = 0
         self.in_flight = 0
         self.t0 = 0.0
-        self.checkpoint: Any = (
-            None  # called with the run every progress line, to save what is measured so far
-        )
         self.stopping = asyncio.Event()
         self.cleanup = asyncio.Semaphore(3)  # sandbox removals at once (dockerd does the work)
 
@@ -534,6 +439,32 @@ class Run:
         body = {"agent": agent or self.agent, "environment_id": environment, "resources": [self.resource()]}
         return (await self.api.post("/v1/sessions", body))["id"]
 
+    async def setup(self) -> tuple[str, str]:
+        """The measured sessions' agent and one environment per mode; the background's agent and environment."""
+        toolset = [{"type": "agent_toolset_20260401"}]
+        agent = {"name": "ttft", "model": "claude-sonnet-5-5", "tools": toolset}
+        self.agent = (await self.api.post("/v1/agents", agent))["id"]
+        window = {"type": "window", "last_events": 60}
+        background = {**agent, "name": "ttft-background", "context": window}
+        background_agent = (await self.api.post("/v1/agents", background))["id"]
+        sandbox = {
+            "coupled": {"provider": self.plan.provider, "provisioning": "eager"},
+            "decoupled": {"provider": self.plan.provider, "provisioning": "lazy"},
+            "decoupled+pool": {
+                "provider": self.plan.provider,
+                "provisioning": "lazy",
+                "warm_pool": self.plan.warm_pool,
+            },
+            "background": {"provider": self.plan.provider, "provisioning": "lazy"},
+        }
+        environments = {}
+        for mode, config in sandbox.items():
+            body = {"name": f"ttft {mode}", "config": {"type": "cloud", "sandbox": config}}
+            environments[mode] = (await self.api.post("/v1/environments", body))["id"]
+        background_environment = environments.pop("background")
+        self.environments = environments
+        return background_agent, background_environment
+
     # -- one measured session
 
     async def measured(self, sample: Sample) -> None:
@@ -542,7 +473,7 @@ class Run:
         stream: Stream | None = None
         try:
             sample.session_id = await self.new_session(self.environments[sample.mode])
-            stream = Stream(self.api, sample.session_id, deltas=True)
+            stream = Stream(self.api, sample.session_id)
             await asyncio.wait_for(asyncio.shield(stream.opened), 30)
             posted_wall, posted = time.time(), time.perf_counter()
             await self.api.send(sample.session_id, USER_MESSAGE)
@@ -551,7 +482,7 @@ class Run:
             if name != "event_delta":
                 raise RuntimeError("the turn ended without a text delta")
             sample.ttft_ms = (at - posted) * 1000
-            at, _, idle = await stream.next("session.status_idle", timeout=300)
+            at, _, _ = await stream.next("session.status_idle", timeout=300)
             sample.turn_ms = (at - posted) * 1000
             if sample.tool_turn:
                 posted2 = time.perf_counter()
@@ -563,7 +494,7 @@ class Run:
                 if not sample.tool_ok:
                     sample.errors.append(f"tool result without the repository's head: {text[:200]!r}")
                 await stream.next("session.status_idle", timeout=300)
-            await asyncio.to_thread(self.read_log, sample, posted_wall)
+            await asyncio.to_thread(read_log, sample, posted_wall)
         except Exception as error:  # noqa: BLE001 - a failed session is reported, not fatal
             sample.errors.append(f"{type(error).__name__}: {error}")
         finally:
@@ -573,38 +504,6 @@ class Run:
             if sample.session_id:
                 async with self.cleanup:
                     await self.retire(sample.session_id)
-
-    def read_log(self, sample: Sample, posted_wall: float) -> None:
-        """Where the time went, by the log's own timestamps."""
-        from sessions.models import Event
-
-        events = list(
-            Event.objects.filter(session_id=sample.session_id)
-            .order_by("seq")
-            .values_list("type", "processed_at", "payload")
-        )
-        first: dict[str, float] = {}
-        for kind, at, payload in events:
-            first.setdefault(kind, at.timestamp())
-            if kind == "session.error":
-                sample.errors.append(f"session.error: {payload.get('error', {}).get('message', '')[:200]}")
-            if kind == "brain.recovered" and "epoch" in payload:
-                sample.recovered += 1
-            if kind == "sandbox.provisioned" and sample.pooled is None:
-                sample.pooled = bool(payload.get("pooled"))
-        if "user.message" in first:
-            sample.logged_ms = (first["user.message"] - posted_wall) * 1000
-        if "session.status_running" in first:
-            sample.woken_ms = (first["session.status_running"] - posted_wall) * 1000
-        if "span.model_request_start" in first:
-            sample.to_request_ms = (first["span.model_request_start"] - posted_wall) * 1000
-        if sample.mode == "coupled" and "sandbox.provisioned" in first and "session.status_running" in first:
-            sample.provision_ms = (first["sandbox.provisioned"] - first["session.status_running"]) * 1000
-            sample.clone_ms = (first["span.model_request_start"] - first["sandbox.provisioned"]) * 1000
-        if sample.mode == "coupled" and first.get("sandbox.provisioned", math.inf) > first.get(
-            "span.model_request_start", -math.inf
-        ):
-            sample.errors.append("coupled session whose first model call came before its sandbox")
 
     async def retire(self, session_id: str) -> None:
         """Terminate the session's sandboxes and archive it, as an operator would when it is done."""
@@ -685,20 +584,27 @@ class Run:
                     asyncio.create_task(resend(session_id))
             await asyncio.sleep(0.25)
 
+    async def stop_background(self) -> None:
+        say(
+            f"archiving {len(self.background_ids)} background sessions (their containers go with the deployment's)"
+        )
+        archive = [self.api.post(f"/v1/sessions/{x}/archive", {}) for x in self.background_ids]
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*archive, return_exceptions=True), 60)
+
     # -- what the machine and the model are doing meanwhile
 
     async def sample_system(self) -> None:
-        previous = cpu_times()
+        previous = cpu_jiffies()
         while not self.stopping.is_set():
             await asyncio.sleep(1.0)
             running, connections, sandboxes = await asyncio.to_thread(system_counts)
-            now = cpu_times()
-            busy = 1 - (now[1] - previous[1]) / max(1e-9, now[0] - previous[0])
-            previous = now
+            now = cpu_jiffies()
+            share, previous = busy(previous, now), now
             if (phase := self.phase) is not None:
                 self.timeline.append((round(time.perf_counter() - self.t0, 1), running))
                 phase.running.append(running)
-                phase.cpu_busy.append(busy)
+                phase.cpu_busy.append(share)
                 phase.pg_connections.append(connections)
                 phase.live_sandboxes.append(sandboxes)
 
@@ -712,16 +618,12 @@ class Run:
             "stream": True,
             "messages": [{"role": "user", "content": "probe"}],
         }
+        headers = {"x-api-key": "probe", "anthropic-version": "2023-06-01"}
         async with httpx.AsyncClient(base_url=self.model_url, timeout=30) as http:
             while not self.stopping.is_set():
                 began = time.perf_counter()
                 with contextlib.suppress(Exception):
-                    async with http.stream(
-                        "POST",
-                        "/v1/messages",
-                        json=body,
-                        headers={"x-api-key": "probe", "anthropic-version": "2023-06-01"},
-                    ) as r:
+                    async with http.stream("POST", "/v1/messages", json=body, headers=headers) as r:
                         async for line in r.aiter_lines():
                             if line.startswith("event: content_block_delta"):
                                 if self.phase is not None:
@@ -752,9 +654,8 @@ class Run:
                     f"{mode} {len(values)}" + (f" p50 {percentile(values, 0.5):.0f} ms" if values else "")
                 )
             failed = sum(bool(x.errors) for x in self.samples if x.phase == phase.name)
-            if self.checkpoint is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.to_thread(self.checkpoint, self)
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.checkpoint, self)
             say(
                 f"  {time.perf_counter() - self.t0 - phase.start_s:5.0f} s  "
                 + " | ".join(parts)
@@ -763,16 +664,18 @@ class Run:
                 + (f", failed {failed}" if failed else "")
             )
 
+    # -- the measured phases
+
     def compare_schedule(self) -> list[Sample]:
         """The three modes round-robin at Poisson arrivals; warm-up sessions first; every Nth a tool turn."""
         rng = random.Random(self.plan.seed)
         arrival, schedule = 0.0, []
         counts: Counter[str] = Counter()
+        every = self.plan.tool_turn_every
         for i in range((self.plan.warmup + self.plan.per_mode) * len(MODES)):
             mode = MODES[i % len(MODES)]
             k = counts[mode] - self.plan.warmup
             counts[mode] += 1
-            every = self.plan.tool_turn_every
             schedule.append(
                 Sample("compare", i, mode, k < 0, k >= 0 and k % every == every - 1, round(arrival, 3))
             )
@@ -804,23 +707,63 @@ class Run:
         phase.cpu_seconds = {k: round(cpu_after[k] - cpu_before.get(k, 0.0), 1) for k in cpu_after}
         if pressure_before is not None and pressure_after is not None:
             phase.cpu_pressure = round((pressure_after - pressure_before) / 1e6 / phase.seconds, 3)
-        phase.load_average = [round(x, 2) for x in os.getloadavg()]
+        phase.load_average = load_average()
         self.phases.append(phase)
         return phase
 
+    async def measure_phases(self) -> None:
+        """Phase 1 (the three modes), then phase 2 (the platform's share), beside the running background."""
+        pool_ready = await asyncio.to_thread(pool_count, self.environments["decoupled+pool"])
+        say(f"warm pool of decoupled+pool: {pool_ready} of {self.plan.warm_pool} ready")
+        compare = self.compare_schedule()
+        say(
+            f"phase 1: {len(compare)} sessions ({self.plan.warmup} warm-up + {self.plan.per_mode} per mode), "
+            f"Poisson arrivals at {self.plan.rate:g}/s (the last at {compare[-1].arrival_s:.0f} s), modes round-robin"
+        )
+        await self.measure("compare", compare)
+        if self.plan.platform_sessions:
+            platform = self.platform_schedule()
+            say(
+                f"phase 2: {len(platform)} decoupled sessions at {self.plan.platform_rate:g}/s with the background "
+                "running, for the platform's share"
+            )
+            await self.measure("platform", platform)
 
-# Synchronous helpers for the client's threads (Django's ORM, the Docker engine).
+
+# Synchronous reads for the client's threads (Django's ORM).
 
 
-def terminate_sandboxes(session_id: str) -> None:
-    from sandboxes.hands import sandbox_terminate
-    from sandboxes.models import Sandbox
+def read_log(sample: Sample, posted_wall: float) -> None:
+    """Where the time went, by the log's own timestamps."""
+    from sessions.models import Event
 
-    live = (Sandbox.Status.READY, Sandbox.Status.PROVISIONING, Sandbox.Status.DEAD)
-    for sandbox_id in Sandbox.objects.filter(session_id=session_id, status__in=live).values_list(
-        "id", flat=True
+    events = list(
+        Event.objects.filter(session_id=sample.session_id)
+        .order_by("seq")
+        .values_list("type", "processed_at", "payload")
+    )
+    first: dict[str, float] = {}
+    for kind, at, payload in events:
+        first.setdefault(kind, at.timestamp())
+        if kind == "session.error":
+            sample.errors.append(f"session.error: {payload.get('error', {}).get('message', '')[:200]}")
+        if kind == "brain.recovered" and "epoch" in payload:
+            sample.recovered += 1
+        if kind == "sandbox.provisioned" and sample.pooled is None:
+            sample.pooled = bool(payload.get("pooled"))
+    if "user.message" in first:
+        sample.logged_ms = (first["user.message"] - posted_wall) * 1000
+    if "session.status_running" in first:
+        sample.woken_ms = (first["session.status_running"] - posted_wall) * 1000
+    if "span.model_request_start" in first:
+        sample.to_request_ms = (first["span.model_request_start"] - posted_wall) * 1000
+    if sample.mode == "coupled" and "sandbox.provisioned" in first and "session.status_running" in first:
+        sample.provision_ms = (first["sandbox.provisioned"] - first["session.status_running"]) * 1000
+        sample.clone_ms = (first["span.model_request_start"] - first["sandbox.provisioned"]) * 1000
+    if sample.mode == "coupled" and first.get("sandbox.provisioned", math.inf) > first.get(
+        "span.model_request_start", -math.inf
     ):
-        sandbox_terminate(sandbox_id)
+        sample.errors.append("coupled session whose first model call came before its sandbox")
 
 
 def background_state(session_ids: list[str]) -> tuple[int, int]:
@@ -862,72 +805,13 @@ def system_counts() -> tuple[int, int, int]:
     return running, connections, sandboxes
 
 
-def cpu_times() -> tuple[float, float]:
-    """(total, idle + iowait) jiffies of the whole machine."""
-    fields = [float(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return sum(fields), fields[3] + fields[4]
+def pool_count(environment_id: str) -> int:
+    from sandboxes.models import Sandbox
 
-
-def process_cpu(
-    groups: dict[str, list[int]], singles: dict[str, int], postmaster: int | None
-) -> dict[str, float]:
-    """CPU seconds so far of our processes by part: `groups` are process groups (a leader and what it forked),
-    `singles` single processes, PostgreSQL the postmaster and its children, this client its own process, and
-    the Docker engine (dockerd, containerd and the shims) is shared with anything else on this machine."""
-    import resource
-
-    tick = os.sysconf("SC_CLK_TCK")
-    leaders = {pid: name for name, pids in groups.items() for pid in pids}
-    single = {pid: name for name, pid in singles.items()}
-    totals: dict[str, float] = dict.fromkeys([*groups, *singles, "postgresql", "docker engine (shared)"], 0.0)
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    totals["this client"] = usage.ru_utime + usage.ru_stime
-    for pid, comm, fields in process_stats():
-        ppid, pgrp = int(fields[1]), int(fields[2])
-        seconds = sum(int(x) for x in fields[11:15]) / tick  # utime, stime, cutime, cstime
-        if pid in single:
-            totals[single[pid]] += seconds
-        elif pgrp in leaders:
-            totals[leaders[pgrp]] += seconds
-        elif postmaster is not None and (pid == postmaster or ppid == postmaster):
-            totals["postgresql"] += seconds
-        elif comm in ("dockerd", "containerd") or comm.startswith("containerd-shim"):
-            totals["docker engine (shared)"] += seconds
-    return totals
-
-
-def child_pid(marker: str) -> int:
-    """The pid of this process's child whose command line holds `marker`."""
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError):
-            if (
-                entry.name.isdigit()
-                and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid()
-                and marker in (entry / "cmdline").read_text()
-            ):
-                return int(entry.name)
-    raise RuntimeError(f"no child process running {marker}")
-
-
-def remove_sandboxes(deployment: str, provider_name: str) -> int:
-    """Terminate every sandbox the provider still has with this run's deployment label."""
-    from sandboxes.providers import SandboxError, get_provider
-
-    provider = get_provider(provider_name)
-    handles = [
-        h for h, labels in provider.list_handles().items() if labels.get("workbench.deployment") == deployment
-    ]
-    for handle in handles:
-        with contextlib.suppress(SandboxError, OSError):
-            provider.terminate(handle)
-    return len(handles)
+    return Sandbox.objects.filter(environment_id=environment_id, session__isnull=True, status="ready").count()
 
 
 # --- Figures ------------------------------------------------------------------------------------------------
-
-
-def pct(values: list[float], q: float) -> float | None:
-    return round(percentile(values, q), 1) if values else None
 
 
 def reduction(coupled: float | None, other: float | None) -> float | None:
@@ -955,34 +839,37 @@ def parts(ok: list[Sample], plan: Plan) -> dict[str, float | None]:
     }
 
 
+def figures(ok: list[Sample], plan: Plan) -> dict[str, Any]:
+    """TTFT of good sessions, and the platform's share of it (TTFT - the model's fixed TTFT)."""
+    ttft = [x.ttft_ms for x in ok]
+    share = [t - plan.model_ttft_ms for t in ttft]
+    return {
+        "n": len(ok),
+        "p50_ms": pct(ttft, 0.50),
+        "p95_ms": pct(ttft, 0.95),
+        "p99_ms": pct(ttft, 0.99),
+        "model_ttft_ms": plan.model_ttft_ms,
+        "platform_p50_ms": pct(share, 0.50),
+        "platform_p95_ms": pct(share, 0.95),
+        "platform_p99_ms": pct(share, 0.99),
+    }
+
+
 def summarise(samples: list[Sample], plan: Plan) -> list[dict[str, Any]]:
     """Phase 1: one row per mode, reductions against coupled."""
     rows = []
     for mode in MODES:
         ok = good(samples, "compare", mode)
         ttft = [x.ttft_ms for x in ok]
-        share = [t - plan.model_ttft_ms for t in ttft]
         tools = [x.tool_result_ms for x in ok if x.tool_result_ms is not None]
+        mine = [x for x in samples if x.phase == "compare" and x.mode == mode and not x.warmup]
         rows.append(
             {
                 "mode": mode,
-                "n": len(ttft),
-                "failed": sum(
-                    1
-                    for x in samples
-                    if x.phase == "compare"
-                    and x.mode == mode
-                    and not x.warmup
-                    and (x.errors or x.ttft_ms is None)
-                ),
-                "p50_ms": pct(ttft, 0.50),
-                "p95_ms": pct(ttft, 0.95),
-                "p99_ms": pct(ttft, 0.99),
+                **figures(ok, plan),
+                "failed": sum(1 for x in mine if x.errors or x.ttft_ms is None),
                 "mean_ms": round(statistics.fmean(ttft), 1) if ttft else None,
                 "max_ms": round(max(ttft), 1) if ttft else None,
-                "model_ttft_ms": plan.model_ttft_ms,
-                "platform_p50_ms": pct(share, 0.50),
-                "platform_p95_ms": pct(share, 0.95),
                 **parts(ok, plan),
                 "provision_p50_ms": pct([x.provision_ms for x in ok if x.provision_ms is not None], 0.50),
                 "clone_p50_ms": pct([x.clone_ms for x in ok if x.clone_ms is not None], 0.50),
@@ -1002,20 +889,13 @@ def summarise(samples: list[Sample], plan: Plan) -> list[dict[str, Any]]:
 
 def summarise_platform(samples: list[Sample], plan: Plan) -> dict[str, Any]:
     """Phase 2: decoupled sessions alone beside the running background."""
+    failed = sum(1 for x in samples if x.phase == "platform" and (x.errors or x.ttft_ms is None))
     ok = good(samples, "platform", "decoupled")
-    share = [x.ttft_ms - plan.model_ttft_ms for x in ok]
-    return {
-        "n": len(ok),
-        "failed": sum(1 for x in samples if x.phase == "platform" and (x.errors or x.ttft_ms is None)),
-        "p50_ms": pct([x.ttft_ms for x in ok], 0.50),
-        "p95_ms": pct([x.ttft_ms for x in ok], 0.95),
-        "p99_ms": pct([x.ttft_ms for x in ok], 0.99),
-        "model_ttft_ms": plan.model_ttft_ms,
-        "platform_p50_ms": pct(share, 0.50),
-        "platform_p95_ms": pct(share, 0.95),
-        "platform_p99_ms": pct(share, 0.99),
-        **parts(ok, plan),
-    }
+    return {**figures(ok, plan), "failed": failed, **parts(ok, plan)}
+
+
+def goal(target: str, goal: str, measured: str | None, met: bool) -> dict[str, Any]:
+    return {"target": target, "goal": goal, "measured": measured, "met": met}
 
 
 def targets(
@@ -1023,124 +903,33 @@ def targets(
 ) -> list[dict[str, Any]]:
     out = []
     for row in rows[1:]:
-        for q, goal in (("p50", P50_REDUCTION_TARGET), ("p95", P95_REDUCTION_TARGET)):
+        for q, least in (("p50", P50_REDUCTION_TARGET), ("p95", P95_REDUCTION_TARGET)):
             value = row[f"{q}_reduction"]
+            measured = None if value is None else f"{value:.1%}"
+            met = value is not None and value >= least
             out.append(
-                {
-                    "target": f"{row['mode']}: {q} TTFT reduction vs coupled",
-                    "goal": f">= {goal:.0%}",
-                    "measured": None if value is None else f"{value:.1%}",
-                    "met": value is not None and value >= goal,
-                }
+                goal(f"{row['mode']}: {q} TTFT reduction vs coupled", f">= {least:.0%}", measured, met)
             )
     value = platform["platform_p50_ms"]
+    measured = None if value is None else f"{value:.1f} ms"
+    met = value is not None and value <= PLATFORM_P50_TARGET_MS
     out.append(
-        {
-            "target": "platform share of TTFT, p50 (phase 2, decoupled)",
-            "goal": f"<= {PLATFORM_P50_TARGET_MS:g} ms",
-            "measured": None if value is None else f"{value:.1f} ms",
-            "met": value is not None and value <= PLATFORM_P50_TARGET_MS,
-        }
+        goal(
+            "platform share of TTFT, p50 (phase 2, decoupled)",
+            f"<= {PLATFORM_P50_TARGET_MS:g} ms",
+            measured,
+            met,
+        )
     )
     if "platform" in phases:
         running = phases["platform"].summary()["running_at_once"]
+        measured, met = f"{running['mean']:.1f}; {running['min']}", running["mean"] >= RUNNING_TARGET
         out.append(
-            {
-                "target": "  with sessions running at once (phase 2: mean; min)",
-                "goal": f">= {RUNNING_TARGET}",
-                "measured": f"{running['mean']:.1f}; {running['min']}",
-                "met": running["mean"] >= RUNNING_TARGET,
-            }
+            goal(
+                "  with sessions running at once (phase 2: mean; min)", f">= {RUNNING_TARGET}", measured, met
+            )
         )
     return out
-
-
-def ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
-
-def table(
-    rows: list[dict[str, Any]],
-    platform: dict[str, Any],
-    goals: list[dict[str, Any]],
-    plan: Plan,
-    phases: dict[str, Phase],
-) -> str:
-    def ratio(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1%}"
-
-    head = (
-        f"{'mode':<16}{'n':>4}{'p50':>8}{'p95':>8}{'p99':>8}{'model':>7}{'plat p50':>10}{'plat p95':>10}"
-        f"{'p50 red':>9}{'p95 red':>9}{'p99 red':>9}{'tool p50':>10}{'tool p95':>10}"
-    )
-    lines = [
-        f"phase 1: time to first token, ms (POST of the user message -> first text delta on the client's "
-        f"stream); {plan.per_mode} sessions per mode interleaved at {plan.rate:g}/s",
-        head,
-        "-" * len(head),
-    ]
-    for r in rows:
-        lines.append(
-            f"{r['mode']:<16}{r['n']:>4}{ms(r['p50_ms']):>8}{ms(r['p95_ms']):>8}{ms(r['p99_ms']):>8}"
-            f"{ms(r['model_ttft_ms']):>7}{ms(r['platform_p50_ms']):>10}{ms(r['platform_p95_ms']):>10}"
-            f"{ratio(r['p50_reduction']):>9}{ratio(r['p95_reduction']):>9}{ratio(r['p99_reduction']):>9}"
-            f"{ms(r['tool_result_p50_ms']):>10}{ms(r['tool_result_p95_ms']):>10}"
-        )
-    lines += [
-        "model = the offline model's fixed TTFT; plat = TTFT - model (the platform's share); red = reduction "
-        "vs coupled (1 - mode/coupled);",
-        f"tool = a second message's POST -> its agent.tool_result (every "
-        f"{plan.tool_turn_every}th session: bash git rev-parse HEAD in the clone, checked)",
-    ]
-    coupled = rows[0]
-    if coupled["provision_p50_ms"] is not None:
-        lines.append(
-            f"coupled p50: {ms(coupled['to_request_p50_ms'])} ms to the model request, of which the sandbox "
-            f"{ms(coupled['provision_p50_ms'])} ms and the clone {ms(coupled['clone_p50_ms'])} ms"
-        )
-    for r in rows[1:]:
-        lines.append(
-            f"{r['mode']} p50: POST {ms(r['post_p50_ms'])} ms, model request at {ms(r['to_request_p50_ms'])} "
-            f"ms, streaming path beyond the model {ms(r['stream_path_p50_ms'])} ms; first tool calls from the "
-            f"warm pool: {r['pooled_first_sandboxes']} of {r['tool_result_n']}"
-        )
-    lines.append(
-        "failed (left out above: a clone or sandbox error, a tool result without the repository, a timeout): "
-        + ", ".join(f"{r['mode']} {r['failed']}" for r in rows)
-        + "; sessions whose lease lapsed and the sweeper woke another brain (kept): "
-        + ", ".join(f"{r['mode']} {r.get('recovered_sessions', '-')}" for r in rows)
-    )
-    p = platform
-    lines += [
-        "",
-        f"phase 2: the platform's share with the background running; {plan.platform_sessions} decoupled "
-        f"sessions at {plan.platform_rate:g}/s, no coupled clones",
-        f"{'n':>4}{'p50':>8}{'p95':>8}{'p99':>8}{'model':>7}{'plat p50':>10}{'plat p95':>10}{'plat p99':>10}",
-        "-" * 65,
-        f"{p['n']:>4}{ms(p['p50_ms']):>8}{ms(p['p95_ms']):>8}{ms(p['p99_ms']):>8}{ms(p['model_ttft_ms']):>7}"
-        f"{ms(p['platform_p50_ms']):>10}{ms(p['platform_p95_ms']):>10}{ms(p['platform_p99_ms']):>10}",
-        f"p50 from the POST: committed {ms(p['committed_p50_ms'])} ms, POST answered {ms(p['post_p50_ms'])} ms, "
-        f"a brain began the turn {ms(p['brain_p50_ms'])} ms, model request {ms(p['to_request_p50_ms'])} ms; "
-        f"then the streaming path beyond the model's TTFT {ms(p['stream_path_p50_ms'])} ms",
-    ]
-    lines += ["", f"{'target':<58}{'goal':>10}{'measured':>14}  result", "-" * 92]
-    for g in goals:
-        lines.append(
-            f"{g['target']:<58}{g['goal']:>10}{g['measured'] or '-':>14}  {'met' if g['met'] else 'MISSED'}"
-        )
-    lines.append("")
-    for name, phase in phases.items():
-        summary = phase.summary()
-        running, probe = summary["running_at_once"], summary["model_direct_ttft_ms"]
-        lines.append(
-            f"phase {name} ({summary['seconds']:.0f} s): running at once mean {running['mean']}, min "
-            f"{running['min']}, max {running['max']}; the model asked directly: TTFT p50 {probe['p50']} ms, "
-            f"p95 {probe['p95']} ms; CPU pressure {summary['cpu_pressure']} (share of time some task waited "
-            f"for a CPU); load average at the end {summary['load_average_at_end']}; client loop lag p99 "
-            f"{summary['client_loop_lag_ms']['p99']} ms"
-        )
-        lines.append("  cores used: " + ", ".join(f"{k} {v:.2f}" for k, v in summary["cores_used"].items()))
-    return "\n".join(lines)
 
 
 def plot(
@@ -1152,11 +941,7 @@ def plot(
     timeline: list[tuple[float, int]],
     title: str,
 ) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     colours = {
         "coupled": "#b0483a",
         "decoupled": "#3b6ea8",
@@ -1167,12 +952,8 @@ def plot(
 
     def step(axis: Any, values: list[float], **style: Any) -> None:
         values = sorted(values)
-        axis.step(
-            [values[0], *values],
-            [0.0] + [(i + 1) / len(values) for i in range(len(values))],
-            where="post",
-            **style,
-        )
+        fractions = [(i + 1) / len(values) for i in range(len(values))]
+        axis.step([values[0], *values], [0.0, *fractions], where="post", **style)
 
     for mode in MODES:
         ok = good(samples, "compare", mode)
@@ -1194,14 +975,8 @@ def plot(
                 color=colours[mode],
                 label=f"{mode}: p50 {ms(percentile(tool_values, 0.5))} ms",
             )
-        over_time.plot(
-            [x.arrival_s for x in ok],
-            [x.ttft_ms for x in ok],
-            ".",
-            color=colours[mode],
-            markersize=3,
-            label=mode,
-        )
+        dots = {"color": colours[mode], "markersize": 3, "label": mode}
+        over_time.plot([x.arrival_s for x in ok], [x.ttft_ms for x in ok], ".", **dots)
     second = good(samples, "platform", "decoupled")
     if second:
         step(
@@ -1211,14 +986,8 @@ def plot(
             linestyle="--",
             label=f"phase 2, decoupled: p50 {ms(platform['p50_ms'])}, p95 {ms(platform['p95_ms'])} ms",
         )
-        over_time.plot(
-            [x.arrival_s for x in second],
-            [x.ttft_ms for x in second],
-            ".",
-            color=colours["phase 2"],
-            markersize=3,
-            label="phase 2 (decoupled)",
-        )
+        dots = {"color": colours["phase 2"], "markersize": 3, "label": "phase 2 (decoupled)"}
+        over_time.plot([x.arrival_s for x in second], [x.ttft_ms for x in second], ".", **dots)
     ecdf.axvline(
         plan.model_ttft_ms,
         color="#777",
@@ -1256,25 +1025,15 @@ def plot(
 # --- Main ---------------------------------------------------------------------------------------------------
 
 
-def create_api_key() -> str:
-    from workbench.models import ApiKey, hash_key
-
-    raw = ApiKey.generate()
-    ApiKey.objects.create(name="bench-ttft", prefix=raw[:12], key_hash=hash_key(raw))
-    return raw
-
-
 async def drive(
     plan: Plan,
     base_url: str,
     key: str,
     repo: dict[str, Any],
     model_url: str,
-    cpu_snapshot: Any,
-    checkpoint: Any,
+    cpu_snapshot: Callable[[], dict[str, float]],
+    checkpoint: Callable[[Run], None],
 ) -> Run:
-    from concurrent.futures import ThreadPoolExecutor
-
     loop = asyncio.get_running_loop()
     # Database reads, sandbox removals and polls run in threads; the default pool (a few threads) would queue them.
     loop.set_default_executor(ThreadPoolExecutor(max_workers=64, thread_name_prefix="ttft"))
@@ -1289,93 +1048,32 @@ async def drive(
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, interrupt)
-    api = Api(base_url, key)
-    toolset = [{"type": "agent_toolset_20260401"}]
-    agent = (await api.post("/v1/agents", {"name": "ttft", "model": "claude-sonnet-5-5", "tools": toolset}))[
-        "id"
-    ]
-    background_agent = (
-        await api.post(
-            "/v1/agents",
-            {
-                "name": "ttft-background",
-                "model": "claude-sonnet-5-5",
-                "tools": toolset,
-                "context": {"type": "window", "last_events": 60},
-            },
-        )
-    )["id"]
-    sandbox = {
-        "coupled": {"provider": plan.provider, "provisioning": "eager"},
-        "decoupled": {"provider": plan.provider, "provisioning": "lazy"},
-        "decoupled+pool": {"provider": plan.provider, "provisioning": "lazy", "warm_pool": plan.warm_pool},
-    }
-    environments = {}
-    for mode in MODES:
-        body = {"name": f"ttft {mode}", "config": {"type": "cloud", "sandbox": sandbox[mode]}}
-        environments[mode] = (await api.post("/v1/environments", body))["id"]
-    background_env = (
-        await api.post(
-            "/v1/environments",
-            {
-                "name": "ttft background",
-                "config": {"type": "cloud", "sandbox": {"provider": plan.provider, "provisioning": "lazy"}},
-            },
-        )
-    )["id"]
-    run = Run(plan, api, repo, model_url, agent, environments, cpu_snapshot)
-    run.checkpoint = checkpoint
+    run = Run(plan, Api(base_url, key), repo, model_url, cpu_snapshot, checkpoint)
+    background = await run.setup()
     helpers = [
         asyncio.create_task(c)
         for c in (run.sample_system(), run.probe_model(), run.watch_loop_lag(), run.progress())
     ]
     try:
-        await run.start_background(background_agent, background_env)
-        keeper = asyncio.create_task(run.keep_background_running())
-        helpers.append(keeper)
-        pool_ready = await asyncio.to_thread(pool_count, environments["decoupled+pool"])
-        say(f"warm pool of decoupled+pool: {pool_ready} of {plan.warm_pool} ready")
-        compare = run.compare_schedule()
-        say(
-            f"phase 1: {len(compare)} sessions ({plan.warmup} warm-up + {plan.per_mode} per mode), Poisson arrivals "
-            f"at {plan.rate:g}/s (the last at {compare[-1].arrival_s:.0f} s), modes round-robin"
-        )
-        await run.measure("compare", compare)
-        if plan.platform_sessions:
-            platform = run.platform_schedule()
-            say(
-                f"phase 2: {len(platform)} decoupled sessions at {plan.platform_rate:g}/s with the background "
-                "running, for the platform's share"
-            )
-            await run.measure("platform", platform)
+        await run.start_background(*background)
+        helpers.append(asyncio.create_task(run.keep_background_running()))
+        await run.measure_phases()
     finally:
         run.stopping.set()
         for task in helpers:
             task.cancel()
         await asyncio.gather(*helpers, return_exceptions=True)
-        say(
-            f"archiving {len(run.background_ids)} background sessions (their containers go with the deployment's)"
-        )
-        archive = [api.post(f"/v1/sessions/{x}/archive", {}) for x in run.background_ids]
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.gather(*archive, return_exceptions=True), 60)
-        await api.http.aclose()
+        await run.stop_background()
+        await run.api.http.aclose()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
         if interrupted:
-            if run.checkpoint is not None:
-                run.checkpoint(run)
+            checkpoint(run)
             raise SystemExit("bench/ttft: interrupted; `--from-partial` writes the results measured so far")
     return run
 
 
-def pool_count(environment_id: str) -> int:
-    from sandboxes.models import Sandbox
-
-    return Sandbox.objects.filter(environment_id=environment_id, session__isnull=True, status="ready").count()
-
-
-def main(argv: list[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: ~20 sessions per mode, 10 in background"
@@ -1398,202 +1096,65 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="write the results from the checkpoint an interrupted run left (ttft-partial.json)",
     )
-    args = parser.parse_args(argv)
-    if args.replot:
-        return replot(RESULTS / ("ttft-quick.json" if args.quick else "ttft.json"))
-    plan = QUICK if args.quick else DEFAULT
-    overrides = {
-        k: v
-        for k, v in (
-            ("per_mode", args.per_mode),
-            ("rate", args.rate),
-            ("background", args.background),
-            ("platform_sessions", args.platform_sessions),
-            ("provider", args.provider),
-            ("seed", args.seed),
+    return parser
+
+
+def plan_of(args: argparse.Namespace) -> Plan:
+    options = ("per_mode", "rate", "background", "platform_sessions", "provider", "seed")
+    overrides = {k: getattr(args, k) for k in options if getattr(args, k) is not None}
+    return replace(QUICK if args.quick else DEFAULT, **overrides)
+
+
+def start_platform(system: Launcher, plan: Plan, deployment: str) -> str:
+    """PostgreSQL, Redis, Daphne, the Celery workers and beat, for this run's deployment; Daphne's URL."""
+    os.environ.update(
+        WORKBENCH_DEPLOYMENT=deployment,
+        REPOSITORY_PLAIN_HOSTS="127.0.0.1",  # the git daemon on loopback serves git://
+    )
+    system.env.update(LOG_LEVEL="WARNING")
+    system.start_services(max_connections=600, settings="-c shared_buffers=256MB")
+    # On the way out, once the processes have stopped (no more sandboxes made): what is left of them.
+    system.callback(
+        lambda: say(
+            f"removed {remove_sandboxes(deployment, plan.provider)} leftover sandboxes of {deployment}"
         )
-        if v is not None
-    }
-    plan = Plan(**{**asdict(plan), **overrides})
-    stem = "ttft-quick" if args.quick else "ttft"
-    partial = RESULTS / f"{stem}-partial.json"
+    )
+    url = system.processes.daphne()
+    for n in range(plan.workers):
+        system.processes.worker(
+            f"worker-{n}", pool="threads", concurrency=plan.threads, hostname=f"ttft-{n}@%h"
+        )
+    system.processes.beat()
+    return url
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments().parse_args(argv)
+    plan, name = plan_of(args), stem("ttft", args.quick)
+    if args.replot:
+        return replot(RESULTS / f"{name}.json")
+    partial = RESULTS / f"{name}-partial.json"
     if args.from_partial:
         say(f"summarising the checkpoint {partial.relative_to(ROOT)} of an interrupted run")
-        return write_results(
-            {**json.loads(partial.read_text()), "interrupted": True},
-            stem=stem,
-            quick=args.quick,
-            note=args.note,
-        )
+        raw = {**json.loads(partial.read_text()), "interrupted": True}
+        return finish(raw, name=name, quick=args.quick, note=args.note)
     began = time.monotonic()
     deployment = f"bench-ttft-{secrets.token_hex(4)}"
 
-    with contextlib.ExitStack() as stack:
-        folder = Path(tempfile.mkdtemp(prefix="workbench-bench-ttft."))
-        folder.chmod(0o755)
-        stack.callback(shutil.rmtree, folder, True)
-        say(f"building the repository ({plan.files} files, {plan.commits + 1} commits) in {folder}")
-        repo = build_repository(folder / "git", files=plan.files, commits=plan.commits, seed=plan.seed)
-        git_port = free_port()
-        say(
-            f"  {repo['files']} files, {repo['tree_mb']} MB of tree, pack {repo['pack_mb']} MB, head "
-            f"{repo['head'][:12]}; serving it with git daemon on 127.0.0.1:{git_port}"
-        )
-        repo["url"] = f"git://127.0.0.1:{git_port}/repo.git"
-
-        say("starting PostgreSQL (default durability) and Redis")
-        (folder / "pg").mkdir()
-        (folder / "pg").chmod(0o755)
-        database_url = stack.enter_context(
-            local_postgres(folder / "pg", max_connections=600, settings="-c shared_buffers=256MB")
-        )
-        redis_url = stack.enter_context(local_redis(folder))
-        os.environ["WORKBENCH_DEPLOYMENT"] = deployment
-        os.environ["REPOSITORY_PLAIN_HOSTS"] = "127.0.0.1"  # the git daemon on loopback serves git://
-        setup_django(database_url, redis_url)
-        logging.getLogger().setLevel(logging.WARNING)
-        from django.core.management import call_command
-        from django.db import connections
-
-        call_command("migrate", verbosity=0)
-        key = create_api_key()
-        machine = machine_info()
-        machine["docker"] = subprocess.run(
-            ["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True
-        ).stdout.strip()
-        machine["git"] = subprocess.run(["git", "--version"], capture_output=True, text=True).stdout.strip()
-
-        from offline_model.testing import start_offline_model
-
-        model = start_offline_model(ttft_ms=plan.model_ttft_ms, tps=plan.model_tps, in_subprocess=True)
-        stack.callback(model.stop)
-        env = dict(
-            os.environ,
-            DATABASE_URL=database_url,
-            REDIS_URL=redis_url,
-            ANTHROPIC_BASE_URL=model.base_url,
-            ANTHROPIC_API_KEY="",
-            WORKBENCH_DEPLOYMENT=deployment,
-            LOG_LEVEL="WARNING",
-            DJANGO_SETTINGS_MODULE="workbench.settings",
-            PYTHONPATH=str(ROOT),
-            PYTHONUNBUFFERED="1",
-        )
-        processes = Processes(folder, env)
-        # Unwound in reverse: stop the processes (no more sandboxes made), then remove what is left.
-        stack.callback(
-            lambda: say(
-                f"removed {remove_sandboxes(deployment, plan.provider)} leftover sandboxes of {deployment}"
-            )
-        )
-        if args.logs:
-            stack.callback(
-                lambda: shutil.copytree(
-                    folder, args.logs, dirs_exist_ok=True, ignore=shutil.ignore_patterns("pg", "git")
-                )
-            )
-        stack.callback(processes.stop)
-        processes.start(
-            "git-daemon",
-            [
-                "git",
-                "daemon",
-                "--reuseaddr",
-                f"--base-path={folder / 'git'}",
-                "--export-all",
-                "--listen=127.0.0.1",
-                f"--port={git_port}",
-                "--max-connections=128",
-                str(folder / "git"),
-            ],
-        )
-        web_port = free_port()
-        processes.start(
-            "daphne",
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(web_port),
-                "workbench.asgi:application",
-            ],
-        )
-        for n in range(plan.workers):
-            processes.start(
-                f"worker-{n}",
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "workbench",
-                    "worker",
-                    "--pool",
-                    "threads",
-                    "--concurrency",
-                    str(plan.threads),
-                    "--hostname",
-                    f"ttft-{n}@%h",
-                    "--without-gossip",
-                    "--without-mingle",
-                    "--without-heartbeat",
-                    "-l",
-                    "WARNING",
-                ],
-            )
-        processes.start(
-            "beat",
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workbench",
-                "beat",
-                "-s",
-                str(folder / "beat-schedule"),
-                "-l",
-                "WARNING",
-            ],
-        )
-        base_url = f"http://127.0.0.1:{web_port}"
-        import httpx
-
-        def web_up() -> bool:
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200
-            return False
-
-        wait_until(web_up, 60, "Daphne", processes)
-        wait_until(
-            lambda: subprocess.run(["git", "ls-remote", repo["url"]], capture_output=True).returncode == 0,
-            30,
-            "git daemon",
-            processes,
-        )
+    with Launcher("ttft", logs=args.logs) as system:
+        repo = serve_repository(system, plan)
+        model_url = system.model(ttft_ms=plan.model_ttft_ms, tps=plan.model_tps)
+        base_url = start_platform(system, plan, deployment)
+        key = new_api_key("bench-ttft")
+        machine = machine_info(tools=True)
+        ls_remote = ["git", "ls-remote", repo["url"]]
+        served = lambda: subprocess.run(ls_remote, capture_output=True).returncode == 0  # noqa: E731
+        wait_until(served, 30, "git daemon", system.processes)
         say(
             f"Daphne at {base_url}; {plan.workers} Celery workers x {plan.threads} threads; beat; offline model at "
-            f"{model.base_url} (TTFT {plan.model_ttft_ms:g} ms, {plan.model_tps:g} tokens/s); deployment "
+            f"{model_url} (TTFT {plan.model_ttft_ms:g} ms, {plan.model_tps:g} tokens/s); deployment "
             f"{deployment}; {machine['nproc']} CPUs, load {machine['load_average_at_start'][0]}"
         )
-        connections.close_all()
-        groups = {
-            "web (Daphne)": processes.pids("daphne"),
-            "workers (Celery)": processes.pids("worker-"),
-            "beat": processes.pids("beat"),
-            "git daemon": processes.pids("git-daemon"),
-        }
-        singles = {
-            "offline model": child_pid("offline_model"),
-            "redis": int((folder / "redis.pid").read_text()),
-        }
-        postmaster = int((folder / "pg" / "pg" / "postmaster.pid").read_text().split()[0])
-
-        def cpu_snapshot() -> dict[str, float]:
-            return process_cpu(groups, singles, postmaster)
 
         def checkpoint(run: Run) -> None:
             RESULTS.mkdir(parents=True, exist_ok=True)
@@ -1601,15 +1162,21 @@ def main(argv: list[str] | None = None) -> int:
             partial.with_suffix(".tmp").write_text(json.dumps(state) + "\n")
             partial.with_suffix(".tmp").replace(partial)
 
-        run = asyncio.run(drive(plan, base_url, key, repo, model.base_url, cpu_snapshot, checkpoint))
+        from django.db import connections
+
+        connections.close_all()  # the client's threads open their own
+        cpu = functools.partial(system.cpu_seconds, PARTS)
+        measured = asyncio.run(drive(plan, base_url, key, repo, model_url, cpu, checkpoint))
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # asyncio put back the default
-        processes.check()
-        machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-        connections.close_all()
+        system.processes.check()
+        machine["load_average_at_end"] = load_average()
 
     partial.unlink(missing_ok=True)
-    return write_results(
-        raw_state(plan, machine, repo, deployment, run, began), stem=stem, quick=args.quick, note=args.note
+    return finish(
+        raw_state(plan, machine, repo, deployment, measured, began),
+        name=name,
+        quick=args.quick,
+        note=args.note,
     )
 
 
@@ -1644,8 +1211,9 @@ def raw_state(
     }
 
 
-def write_results(raw: dict[str, Any], *, stem: str, quick: bool, note: str) -> int:
-    plan, machine, repo, deployment = Plan(**raw["plan"]), raw["machine"], raw["repo"], raw["deployment"]
+def finish(raw: dict[str, Any], *, name: str, quick: bool, note: str) -> int:
+    """The figures of a run (or of an interrupted run's checkpoint): printed, and saved with their plot."""
+    plan, machine, repo = Plan(**raw["plan"]), raw["machine"], raw["repo"]
     samples = [Sample(**x) for x in raw["samples"] if x["ttft_ms"] is not None or x["errors"]]
     interrupted = raw.get("interrupted", False)
     if interrupted:
@@ -1659,31 +1227,7 @@ def write_results(raw: dict[str, Any], *, stem: str, quick: bool, note: str) -> 
     failures = [
         {"phase": x.phase, "index": x.index, "mode": x.mode, "errors": x.errors} for x in samples if x.errors
     ]
-    report = table(rows, platform, goals, plan, phases)
-    report += (
-        f"\nfailed sessions: {len(failures)}; background turns sent: {raw['background_turns']}; "
-        f"machine: {machine['nproc']} CPUs, load average {machine['load_average_at_start']} at the start"
-    )
-    say("")
-    say(report)
-    met = sum(g["met"] for g in goals)
-    say("")
-    say(
-        f"targets met: {met} of {len(goals)}"
-        + ("" if met == len(goals) else " (a benchmark reports; exit status stays 0)")
-    )
-
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    json_path = RESULTS / f"{stem}.json"
-    previous = previous_run(json_path)
-    if previous:
-        say(f"the previous run ({previous['date']}), p50 / p95 ms then -> now:")
-        for r in [*rows, {**platform, "mode": "phase 2"}]:
-            then = previous["modes"].get(r["mode"], {})
-            say(
-                f"  {r['mode']:<16}{ms(then.get('p50_ms'))} / {ms(then.get('p95_ms'))} -> {ms(r['p50_ms'])} / "
-                f"{ms(r['p95_ms'])}"
-            )
+    previous = previous_run(RESULTS / f"{name}.json")
     result = {
         "benchmark": "ttft",
         "quick": quick,
@@ -1691,80 +1235,69 @@ def write_results(raw: dict[str, Any], *, stem: str, quick: bool, note: str) -> 
         "interrupted": interrupted,
         "machine": machine,
         "plan": asdict(plan),
-        "settings": {
-            "model": {
-                "ttft_ms": plan.model_ttft_ms,
-                "tokens_per_second": plan.model_tps,
-                "server": "offline_model in its own process",
-            },
-            "arrivals": f"phase 1: Poisson, mean {plan.rate:g}/s over all modes, modes round-robin, seed {plan.seed}; "
-            f"phase 2: Poisson, mean {plan.platform_rate:g}/s, decoupled only",
-            "web": "1 Daphne process",
-            "workers": f"{plan.workers} Celery worker processes, --pool threads --concurrency {plan.threads}, "
-            "prefetch multiplier 1",
-            "beat": "Celery beat: sweep every SWEEP_SECONDS=2, reap every REAP_SECONDS=30, maintain_pools every 60 s",
-            "postgresql": "own cluster, fsync/synchronous_commit on, max_connections 600, shared_buffers 256MB",
-            "environments": {
-                "coupled": {"provisioning": "eager"},
-                "decoupled": {"provisioning": "lazy"},
-                "decoupled+pool": {"provisioning": "lazy", "warm_pool": plan.warm_pool},
-            },
-            "sandbox": (
-                "docker, workbench-sandbox:latest, 1 CPU, 512 MB, no network (environment defaults)"
-                if plan.provider == "docker"
-                else "local (bubblewrap namespaces, the host's /usr), 1 CPU and 512 MB by cgroup, loopback only"
-            ),
-            "user_message": USER_MESSAGE,
-            "tool_message": TOOL_MESSAGE,
-            "background": {
-                "sessions": plan.background,
-                "message": raw["background_message"],
-                "first_message": raw["background_first_message"],
-                "context": {"type": "window", "last_events": 60},
-                "environment": {"provisioning": "lazy"},
-            },
-            "repository": repo,
-            "deployment": deployment,
-        },
+        "settings": settings_of(plan, raw),
         "seconds": raw["seconds"],
         "summary": rows,
         "platform": platform,
         "targets": goals,
-        "phases": {name: phase.summary() for name, phase in phases.items()},
+        "phases": {key: phase.summary() for key, phase in phases.items()},
         "background": {"turns_sent": raw["background_turns"], "send_errors": raw["background_errors"]},
         "failures": failures,
         "previous": previous,
         "samples": [asdict(x) for x in samples],
         "timeline": raw["timeline"],
-        "table": report,
     }
-    json_path.write_text(json.dumps(result, indent=1) + "\n")
-    plot(
-        RESULTS / f"{stem}.png",
-        samples,
-        rows,
-        platform,
-        plan,
-        raw["timeline"],
-        plot_title(plan, repo, machine),
-    )
-    say(f"wrote {json_path.relative_to(ROOT)} and {stem}.png ({result['seconds']:.0f} s)")
+    title = plot_title(plan, repo, machine)
+    publish(name, result, lambda png: plot(png, samples, rows, platform, plan, raw["timeline"], title))
     return 0
+
+
+def settings_of(plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
+    """How the run was set up, in words, for the report."""
+    return {
+        "model": {
+            "ttft_ms": plan.model_ttft_ms,
+            "tokens_per_second": plan.model_tps,
+            "server": "offline_model in its own process",
+        },
+        "arrivals": f"phase 1: Poisson, mean {plan.rate:g}/s over all modes, modes round-robin, seed {plan.seed}; "
+        f"phase 2: Poisson, mean {plan.platform_rate:g}/s, decoupled only",
+        "web": "1 Daphne process",
+        "workers": f"{plan.workers} Celery worker processes, --pool threads --concurrency {plan.threads}, "
+        "prefetch multiplier 1",
+        "beat": "Celery beat: sweep every SWEEP_SECONDS=2, reap every REAP_SECONDS=30, maintain_pools every 60 s",
+        "postgresql": "own cluster, fsync/synchronous_commit on, max_connections 600, shared_buffers 256MB",
+        "environments": {
+            "coupled": {"provisioning": "eager"},
+            "decoupled": {"provisioning": "lazy"},
+            "decoupled+pool": {"provisioning": "lazy", "warm_pool": plan.warm_pool},
+        },
+        "sandbox": (
+            "docker, workbench-sandbox:latest, 1 CPU, 512 MB, no network (environment defaults)"
+            if plan.provider == "docker"
+            else "local (bubblewrap namespaces, the host's /usr), 1 CPU and 512 MB by cgroup, loopback only"
+        ),
+        "user_message": USER_MESSAGE,
+        "tool_message": TOOL_MESSAGE,
+        "background": {
+            "sessions": plan.background,
+            "message": raw["background_message"],
+            "first_message": raw["background_first_message"],
+            "context": {"type": "window", "last_events": 60},
+            "environment": {"provisioning": "lazy"},
+        },
+        "repository": raw["repo"],
+        "deployment": raw["deployment"],
+    }
 
 
 def replot(path: Path) -> int:
     data = json.loads(path.read_text())
     plan = Plan(**data["plan"])
     samples = [Sample(**x) for x in data["samples"]]
-    plot(
-        path.with_suffix(".png"),
-        samples,
-        data["summary"],
-        data["platform"],
-        plan,
-        [tuple(x) for x in data["timeline"]],
-        plot_title(plan, data["settings"]["repository"], data["machine"]),
-    )
+    timeline = [tuple(x) for x in data["timeline"]]
+    title = plot_title(plan, data["settings"]["repository"], data["machine"])
+    plot(path.with_suffix(".png"), samples, data["summary"], data["platform"], plan, timeline, title)
     say(f"redrew {path.with_suffix('.png').relative_to(ROOT)}")
     return 0
 
@@ -1792,6 +1325,4 @@ def previous_run(path: Path) -> dict[str, Any] | None:
 
 
 if __name__ == "__main__":
-    # Stop on SIGTERM as on Ctrl-C, so the private services, processes and containers are removed.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    sys.exit(main())
+    run(main)

@@ -18,17 +18,15 @@ records every slice a page had to fetch (Resource Timing), to tell a slow page f
 Usage: .venv/bin/python -m bench.ui [--quick] [--pages N] [--rate R] [--seconds S] [--opens N]
        [--database-url URL] [--redis-url URL]
 
-Without a database URL (or BENCH_DATABASE_URL) it starts its own PostgreSQL and Redis as bench/log.py does,
-and removes them at the end. It starts its own Daphne. It prints a table, writes bench/results/ui.json and
+Without a database URL (or BENCH_DATABASE_URL) it starts its own PostgreSQL and Redis
+(bench/common/launcher.py), and removes them at the end. It starts its own Daphne. It prints a table, writes bench/results/ui.json and
 ui.png (ui-quick.* with --quick), and exits 0 whether or not the targets are met.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -38,25 +36,22 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # so that `python bench/ui.py` works as well as `python -m bench.ui`
-    sys.path.insert(0, str(ROOT))
+if str(Path(__file__).resolve().parent.parent) not in sys.path:  # `python bench/ui.py` as well as `-m`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.log import (  # noqa: E402
+from bench.common.app import event_uid, new_session  # noqa: E402
+from bench.common.launcher import Launcher, service_arguments  # noqa: E402
+from bench.common.machine import (  # noqa: E402
+    busy,
+    cpu_jiffies,
     cpu_pressure_us,
-    daphne,
+    load_average,
     machine_info,
-    new_session,
-    percentile,
     process_stats,
-    save_figure,
-    say,
-    service_arguments,
-    services,
-    setup_django,
+    warn_if_busy,
 )
+from bench.common.results import percentile, publish, pyplot, run, save_figure, say, stem  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 CHROMIUM = "/usr/bin/chromium"
 # Background pages must not be throttled: all 20 are "open" at once, as on 20 operators' screens.
 CHROMIUM_ARGS = [
@@ -92,9 +87,6 @@ DEFAULT = Plan(opens=20, pages=20, rate=5.0, seconds=30.0)
 QUICK = Plan(opens=5, pages=20, rate=5.0, seconds=8.0, warmup=5)
 
 
-# --- The server -----------------------------------------------------------------------------------------
-
-
 # --- The data -------------------------------------------------------------------------------------------
 
 
@@ -110,7 +102,6 @@ def long_session(length: int) -> str:
     from django.utils import timezone
 
     from sessions.models import Event, Session
-    from workbench.ids import new_id
 
     session_id = new_session()
     start = timezone.now() - timedelta(seconds=length)
@@ -153,7 +144,7 @@ def long_session(length: int) -> str:
             }
         events.append(
             Event(
-                uid=call if kind == "agent.tool_use" else new_id("sevt"),
+                uid=call if kind == "agent.tool_use" else event_uid(),
                 session_id=session_id,
                 seq=seq,
                 type=kind,
@@ -290,8 +281,7 @@ class Sampler(threading.Thread):
 
     @staticmethod
     def _machine() -> tuple[list[float], float | None]:
-        fields = [float(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        return fields, cpu_pressure_us()
+        return cpu_jiffies(), cpu_pressure_us()
 
     @staticmethod
     def _processes() -> dict[str, float]:
@@ -338,13 +328,12 @@ class Sampler(threading.Thread):
             elapsed = sum(now) - sum(before)  # jiffies of all CPUs
             cores = len(os.sched_getaffinity(0))
             if elapsed > 0:
-                idle = (now[3] + now[4]) - (before[3] + before[4])
                 steal = now[7] - before[7] if len(now) > 7 else 0.0
                 seconds = elapsed / os.sysconf("SC_CLK_TCK") / cores
                 self.rows.append(
                     {
                         "t": round(time.time() - self.began, 2),
-                        "busy": round(1 - idle / elapsed, 3),
+                        "busy": round(busy(before, now), 3),
                         "steal": round(steal / elapsed, 3),
                         "pressure": None
                         if waited is None or now_waited is None
@@ -425,16 +414,6 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| measure | p50 | p95 | max | n | target | met |", "|---|---|---|---|---|---|---|"]
-    for row in rows:
-        lines.append(
-            f"| {row['measure']} | {row['p50_ms']:.0f} ms | {row['p95_ms']:.0f} ms | {row['max_ms']:.0f} ms | "
-            f"{row['n']} | {row['target']} | {'yes' if row['met'] else '**no**'} |"
-        )
-    return "\n".join(lines)
-
-
 def plot(
     path: Path,
     opens: list[Open],
@@ -445,11 +424,7 @@ def plot(
     machine_load: list[dict[str, Any]],
     fetches: list[float],
 ) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     axes = plt.figure(figsize=(17, 7.5)).subplot_mosaic(
         [["open", "spread", "late"], ["open", "spread", "load"]], height_ratios=[3, 2]
     )
@@ -563,32 +538,20 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"bench/ui: no Chromium at {CHROMIUM} (apt-get install chromium)")
     began = time.monotonic()
 
-    with services(args.database_url, args.redis_url) as (database_url, redis_url):
-        setup_django(database_url, redis_url)
-        from django.core.management import call_command
+    with Launcher("ui", database_url=args.database_url, redis_url=args.redis_url) as system:
+        system.start_services()
         from django.db import connections
         from playwright.sync_api import sync_playwright
 
-        call_command("migrate", verbosity=0)
         machine = machine_info()
-        if machine["load_average_at_start"][0] > 0.5:
-            say(
-                f"note: load average {machine['load_average_at_start'][0]} before starting; other work on this "
-                "machine will make the figures noisy"
-            )
+        warn_if_busy(machine)
         operator()
         say(f"inserting a {LONG_SESSION:,}-event session")
         long_id = long_session(LONG_SESSION)
         live_id = new_session()
         connections.close_all()
-        env = dict(
-            os.environ,
-            DATABASE_URL=database_url,
-            REDIS_URL=redis_url,
-            DJANGO_SETTINGS_MODULE="workbench.settings",
-            PYTHONPATH=str(ROOT),
-        )
-        with daphne(env, ROOT / ".bench-ui-daphne.log") as base, sync_playwright() as playwright:
+        base = system.processes.daphne()
+        with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             state = log_in(browser, base)
             say(f"opening the {LONG_SESSION:,}-event session {plan.opens} times")
@@ -608,8 +571,7 @@ def main(argv: list[str] | None = None) -> int:
             for row in machine_load:  # the same clock as the timeline: seconds from the first measured append
                 row["t"] = round(row["t"] + sampler.began - first, 2)
             browser.close()
-        connections.close_all()
-        machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        machine["load_average_at_end"] = load_average()
 
     if not latencies:
         raise SystemExit("bench/ui: no page showed any appended event")
@@ -631,28 +593,7 @@ def main(argv: list[str] | None = None) -> int:
             "met": appended["p95_ms"] <= APPEND_P95_TARGET_MS,
         },
     ]
-    report = table(rows)
-    say("")
-    say(report)
-    say(
-        f"never shown: {missing} of {len(latencies) + missing} (page, event); slowest page's p95: "
-        f"{max(page_p95):.0f} ms; slices the pages fetched during the run: {len(fetches)}"
-    )
-    if machine_load:
-        busy = sorted(row["busy"] for row in machine_load)
-        say(
-            f"CPU busy over the run: median {busy[len(busy) // 2]:.0%}, highest {busy[-1]:.0%}; cores used on "
-            "average: "
-            + ", ".join(
-                f"{kind} {sum(r['cores'].get(kind, 0) for r in machine_load) / len(machine_load):.2f}"
-                for kind in sorted(machine_load[-1]["cores"])
-            )
-        )
     met = sum(1 for row in rows if row["target"] and row["met"])
-    say(f"targets met: {met} of 2" + ("" if met == 2 else " (a benchmark reports; exit status stays 0)"))
-
-    stem = "ui-quick" if args.quick else "ui"
-    RESULTS.mkdir(parents=True, exist_ok=True)
     result = {
         "benchmark": "ui",
         "quick": args.quick,
@@ -667,24 +608,15 @@ def main(argv: list[str] | None = None) -> int:
         "slice_fetches_s_into_run": fetches,
         "machine_load": machine_load,
         "targets": {"met": met, "total": 2},
-        "table": report,
     }
-    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-    plot(
-        RESULTS / f"{stem}.png",
-        opens,
-        latencies,
-        timeline,
-        plan,
-        f"bench/ui on {machine['nproc']} CPUs, Chromium, one Daphne, {machine['date']}",
-        machine_load,
-        fetches,
+    title = f"bench/ui on {machine['nproc']} CPUs, Chromium, one Daphne, {machine['date']}"
+    publish(
+        stem("ui", args.quick),
+        result,
+        lambda png: plot(png, opens, latencies, timeline, plan, title, machine_load, fetches),
     )
-    say(f"wrote {RESULTS.relative_to(ROOT)}/{stem}.json and {stem}.png ({result['seconds']:.0f} s)")
     return 0
 
 
 if __name__ == "__main__":
-    # Stop on SIGTERM as on Ctrl-C, so the private PostgreSQL and Redis are stopped and removed.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    sys.exit(main())
+    run(main)

@@ -129,17 +129,17 @@ def api(client: Any, api_key: str) -> Any:
 
 def make_agent(**overrides: Any) -> str:
     body = {"name": "tester", "model": "claude-sonnet-5-5", **overrides}
-    return agent_create(body).agent_id
+    return agent_create(**body).agent_id
 
 
 def make_environment(**overrides: Any) -> str:
     """An environment under a fresh name (names are unique)."""
-    return environment_create({"name": f"env-{uuid.uuid4().hex[:8]}", **overrides}).id
+    return environment_create(**{"name": f"env-{uuid.uuid4().hex[:8]}", **overrides}).id
 
 
 def make_session(**overrides: Any) -> str:
     body = {"agent": make_agent(), "environment_id": make_environment(), **overrides}
-    return session_create(body).id
+    return session_create(**body).id
 
 
 @pytest.fixture
@@ -162,7 +162,7 @@ def redis_url() -> str:
 @pytest.fixture
 def live_server_url(transactional_db: Any, redis_url: str) -> Iterator[str]:
     """The real ASGI server (Daphne) on a free port, against the test database and Redis."""
-    from bench.log import daphne
+    from bench.common.processes import daphne
 
     env = child_env(STREAM_CATCHUP_SECONDS="0.5", STREAM_PING_SECONDS="1")
     with daphne(env, ROOT / ".pytest-daphne.log", append_log=True, timeout=90) as url:

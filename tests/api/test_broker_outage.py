@@ -68,7 +68,7 @@ def own_redis(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
 
 @pytest.fixture
 def server_on_own_redis(transactional_db, own_redis) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    from bench.log import daphne
+    from bench.common.processes import daphne
 
     process, url = own_redis
     with daphne(

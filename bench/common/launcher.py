@@ -1,0 +1,213 @@
+"""The system a benchmark runs against, started in the order it needs and torn down in reverse.
+
+    with Launcher("ttft") as system:
+        system.model(ttft_ms=300, tps=50)          # before Django: its settings read the model's URL
+        system.start_services(max_connections=600)  # PostgreSQL and Redis, Django set up and migrated
+        url = system.processes.daphne()
+        system.processes.worker("worker-0", pool="threads", concurrency=25)
+
+On the way out: the child processes stop (newest first), then what the benchmark added with
+`system.callback(...)`, then Django's connections, Redis, PostgreSQL and the scratch folder (copied to
+`logs` first when given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from bench.common import ROOT
+from bench.common.machine import cpu_seconds_by_part
+from bench.common.processes import Failed, Processes, free_port
+from bench.common.results import say
+
+
+@contextlib.contextmanager
+def local_postgres(folder: Path, *, max_connections: int = 100, settings: str = "") -> Iterator[str]:
+    """A private cluster like scripts/test-services.sh starts, but with PostgreSQL's default durability;
+    `settings` adds server options (e.g. "-c shared_buffers=256MB")."""
+    bins = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name))
+    if not bins or not (bins[-1] / "initdb").exists():
+        raise SystemExit("bench: PostgreSQL server binaries not found (apt-get install postgresql)")
+    pgbin = bins[-1]
+    runas = []
+    if os.getuid() == 0:
+        shutil.chown(folder, "postgres")
+        runas = ["runuser", "-u", "postgres", "--"]
+    port = free_port()
+    # --no-sync only skips flushing initdb's own files; the server below runs with fsync on.
+    subprocess.run(
+        [*runas, pgbin / "initdb", "-D", folder / "pg", "-U", "postgres", "-A", "trust", "--no-sync"],
+        check=True,
+        capture_output=True,
+    )
+    options = (
+        f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c max_connections={max_connections} "
+        f"-c fsync=on -c synchronous_commit=on -c full_page_writes=on {settings}"
+    ).strip()
+    start = [pgbin / "pg_ctl", "-D", folder / "pg", "-l", folder / "pg.log", "-w", "-t", "60", "-o", options]
+    subprocess.run([*runas, *start, "start"], check=True, stdout=subprocess.DEVNULL)
+    try:
+        createdb = [pgbin / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "workbench"]
+        subprocess.run([*runas, *createdb], check=True)
+        yield f"postgres://postgres@127.0.0.1:{port}/workbench"
+    finally:
+        subprocess.run(
+            [*runas, pgbin / "pg_ctl", "-D", folder / "pg", "-m", "fast", "-w", "stop"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+
+@contextlib.contextmanager
+def local_redis(folder: Path) -> Iterator[str]:
+    """A private Redis without persistence; its pid is in `folder`/redis.pid."""
+    port = free_port()
+    pidfile = folder / "redis.pid"
+    options = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    options += ["--daemonize", "yes", "--pidfile", str(pidfile), "--logfile", str(folder / "redis.log")]
+    subprocess.run(["redis-server", *options, "--dir", str(folder)], check=True)
+    try:
+        for _ in range(50):
+            if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pidfile.read_text()), signal.SIGTERM)
+
+
+def service_arguments(parser: argparse.ArgumentParser) -> None:
+    """--database-url and --redis-url: a benchmark's own PostgreSQL and Redis unless given."""
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("BENCH_DATABASE_URL"),
+        help="use this PostgreSQL database instead of starting one (env BENCH_DATABASE_URL)",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("BENCH_REDIS_URL"),
+        help="use this Redis instead of starting one (env BENCH_REDIS_URL)",
+    )
+
+
+def setup_django(database_url: str, redis_url: str) -> None:
+    """Django in this process (a writer process of bench/log calls it too), against these services."""
+    os.environ.update(
+        DATABASE_URL=database_url, REDIS_URL=redis_url, DJANGO_SETTINGS_MODULE="workbench.settings"
+    )
+    import django
+
+    django.setup()
+
+
+def close_connections() -> None:
+    from django.db import connections
+
+    connections.close_all()
+
+
+class Launcher:
+    """The system of one benchmark run (see the module's docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        database_url: str | None = None,
+        redis_url: str | None = None,
+        logs: Path | None = None,
+    ) -> None:
+        self.name = name
+        self.database_url, self.redis_url = database_url, redis_url
+        self.logs = logs
+        self.stack = contextlib.ExitStack()
+        # What every child process gets over this process's environment (which setup_django fills in).
+        self.env: dict[str, str] = {
+            "DJANGO_SETTINGS_MODULE": "workbench.settings",
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.model_url = ""
+        self.postmaster: int | None = None
+        self.redis: int | None = None
+
+    def __enter__(self) -> Self:
+        self.stack.__enter__()
+        self.folder = Path(tempfile.mkdtemp(prefix=f"workbench-bench-{self.name}."))
+        self.folder.chmod(0o755)  # PostgreSQL's own user works in a folder under it
+        self.callback(shutil.rmtree, self.folder, True)
+        if self.logs is not None:
+            ignore = shutil.ignore_patterns("pg", "git")
+            self.callback(shutil.copytree, self.folder, self.logs, dirs_exist_ok=True, ignore=ignore)
+        self.processes = Processes(self.folder, self.env)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        try:
+            self.processes.stop()
+        finally:
+            self.stack.__exit__(kind, error, trace)
+
+    def callback(self, function: Any, *args: Any, **kwargs: Any) -> None:
+        """Call this on the way out, after the processes have stopped and before the services do."""
+        self.stack.callback(function, *args, **kwargs)
+
+    def model(self, *, ttft_ms: float = 0, tps: float = 0, command: list[str] | None = None) -> str:
+        """The offline model in its own process (or `command`: a server of the benchmark's that speaks as it
+        does and prints its URL); the brains here and in the children are pointed at it."""
+        if command is None:
+            self.model_url = self.processes.offline_model(ttft_ms=ttft_ms, tps=tps)
+        else:
+            self.model_url = self.processes.serve("model", command)
+        self.env.update(ANTHROPIC_BASE_URL=self.model_url, ANTHROPIC_API_KEY="")
+        os.environ.update(ANTHROPIC_BASE_URL=self.model_url, ANTHROPIC_API_KEY="")
+        return self.model_url
+
+    def start_services(self, *, max_connections: int = 100, settings: str = "") -> None:
+        """PostgreSQL (default durability) and Redis of the benchmark's own unless given; Django set up in
+        this process against them, its log quiet below WARNING, and the database migrated."""
+        if not self.database_url:
+            say(f"starting PostgreSQL (default durability) in {self.folder}")
+            (self.folder / "pg").mkdir()
+            (self.folder / "pg").chmod(0o755)
+            self.database_url = self.stack.enter_context(
+                local_postgres(self.folder / "pg", max_connections=max_connections, settings=settings)
+            )
+            self.postmaster = int((self.folder / "pg" / "pg" / "postmaster.pid").read_text().split()[0])
+        if not self.redis_url:
+            say("starting Redis")
+            self.redis_url = self.stack.enter_context(local_redis(self.folder))
+            self.redis = int((self.folder / "redis.pid").read_text())
+        self.env.update(DATABASE_URL=self.database_url, REDIS_URL=self.redis_url)
+        setup_django(self.database_url, self.redis_url)
+        self.callback(close_connections)
+        # A line per HTTP request (the SDK's, a health check's) would drown the progress.
+        logging.getLogger().setLevel(logging.WARNING)
+        from django.core.management import call_command
+        from django.db import connection
+
+        if connection.vendor != "postgresql":
+            raise Failed(f"bench/{self.name}: needs PostgreSQL, not {connection.vendor}")
+        call_command("migrate", verbosity=0)
+
+    def cpu_seconds(self, parts: dict[str, str]) -> dict[str, float]:
+        """CPU seconds so far of this system by part: `parts` maps a label to the name prefix of the processes
+        it counts (with all they forked); PostgreSQL and Redis when they are the benchmark's own."""
+        groups = {label: self.processes.pids(prefix) for label, prefix in parts.items()}
+        singles = {"redis": self.redis} if self.redis else {}
+        return cpu_seconds_by_part(groups, singles, self.postmaster)

@@ -1,0 +1,134 @@
+"""The machine a benchmark's figures came from, and where its CPU went meanwhile (Linux's /proc)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import resource
+import subprocess
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+
+def machine_info(*, tools: bool = False) -> dict[str, Any]:
+    """The CPUs, memory, kernel, load and versions; the database's durability settings on PostgreSQL; with
+    `tools`, the Docker engine's and git's versions."""
+    import django
+    import psycopg
+    from django.db import connection
+
+    settings = {}
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            for name in (
+                "server_version",
+                "fsync",
+                "synchronous_commit",
+                "full_page_writes",
+                "shared_buffers",
+                "wal_sync_method",
+            ):
+                cursor.execute(f"SHOW {name}")
+                settings[name] = cursor.fetchone()[0]
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    info: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu": cpu,
+        "memory_gib": round(int(meminfo["MemTotal"].split()[0]) / 2**20, 1),
+        "kernel": platform.release(),
+        "load_average_at_start": load_average(),
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "psycopg": psycopg.__version__,
+        "postgresql": settings,
+    }
+    if tools:
+        info["docker"] = version_of(["docker", "version", "--format", "{{.Server.Version}}"])
+        info["git"] = version_of(["git", "--version"])
+    return info
+
+
+def warn_if_busy(machine: dict[str, Any]) -> None:
+    if machine["load_average_at_start"][0] > 0.5:
+        print(
+            f"note: load average {machine['load_average_at_start'][0]} before starting; other work on this "
+            "machine will make the figures noisy",
+            flush=True,
+        )
+
+
+def version_of(command: list[str]) -> str:
+    return subprocess.run(command, capture_output=True, text=True, check=False).stdout.strip()
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def cpu_jiffies() -> list[float]:
+    """The machine's CPU time so far, all CPUs, by state: user, nice, system, idle, iowait, irq, softirq,
+    steal, ... (in clock ticks)."""
+    return [float(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+
+
+def busy(before: list[float], now: list[float]) -> float:
+    """The share of the CPUs' time between two `cpu_jiffies()` that was neither idle nor waiting on I/O."""
+    return 1 - ((now[3] + now[4]) - (before[3] + before[4])) / max(1e-9, sum(now) - sum(before))
+
+
+def cpu_pressure_us() -> float | None:
+    """Microseconds, since boot, that some runnable task waited for a CPU (Linux PSI), if the kernel says."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return float(Path("/proc/pressure/cpu").read_text().split()[4].split("=")[1])
+    return None
+
+
+def process_stats() -> Iterator[tuple[int, str, list[str]]]:
+    """Every process still there: its pid, its command name and the fields of /proc/<pid>/stat after the name
+    (state first; utime and stime are [11:13], with the children's [11:15])."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue
+        yield int(entry.name), raw[raw.index("(") + 1 : raw.rindex(")")], raw[raw.rindex(")") + 2 :].split()
+
+
+def cpu_seconds_by_part(
+    groups: dict[str, list[int]], singles: dict[str, int], postmaster: int | None
+) -> dict[str, float]:
+    """CPU seconds so far of our processes by part: `groups` are process groups (a leader and what it forked),
+    `singles` single processes, PostgreSQL the postmaster and its children, this client its own process, and
+    the Docker engine (dockerd, containerd and the shims) is shared with anything else on this machine."""
+    tick = os.sysconf("SC_CLK_TCK")
+    leaders = {pid: name for name, pids in groups.items() for pid in pids}
+    single = {pid: name for name, pid in singles.items()}
+    totals: dict[str, float] = dict.fromkeys([*groups, *singles, "postgresql", "docker engine (shared)"], 0.0)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    totals["this client"] = usage.ru_utime + usage.ru_stime
+    for pid, comm, fields in process_stats():
+        ppid, pgrp = int(fields[1]), int(fields[2])
+        seconds = sum(int(x) for x in fields[11:15]) / tick  # utime, stime, cutime, cstime
+        if pid in single:
+            totals[single[pid]] += seconds
+        elif pgrp in leaders:
+            totals[leaders[pgrp]] += seconds
+        elif postmaster is not None and (pid == postmaster or ppid == postmaster):
+            totals["postgresql"] += seconds
+        elif comm in ("dockerd", "containerd") or comm.startswith("containerd-shim"):
+            totals["docker engine (shared)"] += seconds
+    return totals

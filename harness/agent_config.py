@@ -8,7 +8,7 @@ from typing import Any
 from harness.context import validate_context
 from harness.registry import validate_harness_name
 from harness.tools import HAND_TOOL_POLICIES
-from kernel.api.validation import MISSING, expect, metadata, no_unknown_fields, patch_metadata, text
+from kernel.api.validation import MISSING, check_metadata, expect, no_unknown_fields, patch_metadata, text
 from kernel.errors import Invalid
 
 TOOLSET_TYPE = "agent_toolset_20260401"
@@ -249,7 +249,7 @@ def normalise_agent_config(body: dict[str, Any], *, current: dict[str, Any] | No
             raise Invalid("'execution_identity.type' must be 'service_account' or 'aws_role'.")
         config["execution_identity"] = identity
     if "metadata" in body:
-        patch = metadata(body["metadata"], patch=not creating)
+        patch = check_metadata(body["metadata"], patch=not creating)
         config["metadata"] = (
             patch_metadata(config.get("metadata", {}), patch) if not creating else dict(patch)
         )

@@ -2,31 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from django.db import transaction
 from django.utils import timezone
 
 from harness.agent_config import normalise_agent_config
 from harness.models import Agent, AgentVersion
-from kernel.api.validation import no_unknown_fields
-from kernel.errors import Conflict, Invalid, NotFound
-
-_UPDATABLE = (
-    "description",
-    "execution_identity",
-    "mcp_servers",
-    "metadata",
-    "model",
-    "multiagent",
-    "name",
-    "skills",
-    "system",
-    "tools",
-    "version",
-    "harness",
-    "context",
-)
+from kernel.errors import Closed, Conflict, NotFound
 
 
 def agent_json(version: AgentVersion) -> dict[str, Any]:
@@ -62,30 +45,49 @@ def get_agent_version(agent_id: str, version: int | None = None) -> AgentVersion
     return found
 
 
+class AgentFields(TypedDict, total=False):
+    """An agent's configuration as a create sets it and an update changes it (reference §4)."""
+
+    name: str
+    model: str | dict[str, Any]
+    description: str | None
+    system: str | None
+    tools: list[dict[str, Any]] | None
+    mcp_servers: list[dict[str, Any]] | None
+    skills: list[dict[str, Any]] | None
+    metadata: dict[str, str | None] | None
+    multiagent: dict[str, Any] | None
+    execution_identity: dict[str, Any] | None
+    harness: str | None
+    context: dict[str, Any] | None
+
+
 @transaction.atomic
-def agent_create(body: dict[str, Any]) -> AgentVersion:
-    no_unknown_fields(body, [f for f in _UPDATABLE if f != "version"], "agent")
-    config = normalise_agent_config(body)
+def agent_create(**fields: Unpack[AgentFields]) -> AgentVersion:
+    config = normalise_agent_config(dict(fields))
     agent = Agent.objects.create()
     return AgentVersion.objects.create(agent=agent, version=1, config=config)
 
 
 @transaction.atomic
-def agent_update(agent_id: str, body: dict[str, Any]) -> AgentVersion:
-    """A changed configuration becomes a new version; an unchanged one returns the current version."""
-    no_unknown_fields(body, _UPDATABLE, "agent update")
+def agent_update(
+    agent_id: str, *, version: int | None = None, **changes: Unpack[AgentFields]
+) -> AgentVersion:
+    """A changed configuration becomes a new version; an unchanged one returns the current version.
+
+    `version`, if given, is the version the caller read: a newer one is a conflict, not an overwrite.
+    """
     agent = Agent.objects.select_for_update().filter(id=agent_id).first()
     if agent is None:
         raise NotFound("agent", agent_id)
     if agent.archived_at is not None:
-        raise Invalid(f"Agent {agent_id} is archived and cannot be changed.")
-    expected = body.get("version")
-    if expected is not None and expected != agent.version:
+        raise Closed(f"Agent {agent_id} is archived and cannot be changed.")
+    if version is not None and version != agent.version:
         raise Conflict(
-            f"Agent {agent_id} is at version {agent.version}, not {expected}; re-read it and retry."
+            f"Agent {agent_id} is at version {agent.version}, not {version}; re-read it and retry."
         )
     current = AgentVersion.objects.get(agent=agent, version=agent.version)
-    config = normalise_agent_config({k: v for k, v in body.items() if k != "version"}, current=current.config)
+    config = normalise_agent_config(dict(changes), current=current.config)
     if config == current.config:
         return current
     agent.version += 1

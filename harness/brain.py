@@ -12,18 +12,23 @@ import logging
 import os
 import socket
 import threading
-import time
-from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from enum import StrEnum
+from functools import cached_property
+from types import TracebackType
+from typing import Any, Self
 
 from django.conf import settings
-from django.db import close_old_connections, connection
 
-from harness.fold import SessionState, fold
+from harness.cache import Log, known_logs
+from harness.fold import fold
 from harness.harnesses import harness_for, pending
-from harness.lease import Lease, lease_acquire, lease_release, lease_renew
+from harness.harnesses.steps import parked_notice
+from harness.lease import Lease, lease_acquire, lease_held
 from harness.model import Cancelled
+from harness.watcher import watcher
+from sandboxes.provisioning import provisioning_mode
+from sessions import events
 from sessions.models import Event
 from sessions.selectors import events_after, get_events
 from sessions.services import StaleEpoch, emit_events
@@ -31,75 +36,88 @@ from sessions.services import StaleEpoch, emit_events
 logger = logging.getLogger(__name__)
 
 
+class Outcome(StrEnum):
+    """How a wake ended, as logs and Celery results read it."""
+
+    IDLE = "idle"  # the log shows nothing left to do (a parked session included)
+    BUSY = "busy"  # another brain holds the lease; it looks for work again once it releases
+    LEASE_LOST = "lease lost"  # another brain took the lease over: this one stopped writing at once
+    PARKED = "parked"  # a log no brain can fold, parked as it stands: there is nothing to go on with
+    GONE = "gone"  # the session is deleted, archived or terminated (the wake task tells it from busy)
+
+
 class LeaseLost(Exception):
     """Another brain holds the session now: stop at once and never retry the write."""
 
 
-class _KnownLogs:
-    """The logs this process's brains have read, kept between wakes so a wake reads only what is new.
+def run_brain(session_id: str, *, by: str = "event", rounds: int = 5) -> Outcome:
+    """Work the session until it has nothing to do. Returns what happened, for logs and tests.
 
-    The log is append-only and each seq is written once, so a prefix read earlier stays true: the next
-    brain on the session takes the prefix with its fold and reads the events after it. A brain takes its
-    session's entry out while it works, so two brains in one process never share one. Bounded by events.
-    """
-
-    def __init__(self, max_events: int = 50_000):
-        self.max_events = max_events
-        self._logs: OrderedDict[str, tuple[list[Event], SessionState]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def pop(self, session_id: str) -> tuple[list[Event], SessionState] | None:
-        """The session's known log and its fold, taken out (None if this process has not read it)."""
-        with self._lock:
-            return self._logs.pop(session_id, None)
-
-    @staticmethod
-    def extend(
-        known: tuple[list[Event], SessionState] | None, new: list[Event]
-    ) -> tuple[list[Event], SessionState]:
-        """A known log (or none) continued by the events that follow it."""
-        if known is None:
-            return new, fold(new)
-        events, state = known
-        events.extend(new)
-        fold(new, state)
-        return events, state
-
-    def keep(self, session_id: str, events: list[Event], state: SessionState) -> None:
-        if len(events) > self.max_events:
-            return
-        with self._lock:
-            self._logs[session_id] = (events, state)
-            total = sum(len(e) for e, _ in self._logs.values())
-            while total > self.max_events:
-                _, (dropped, _) = self._logs.popitem(last=False)
-                total -= len(dropped)
-
-    def forget(self, session_id: str) -> None:
-        with self._lock:
-            self._logs.pop(session_id, None)
-
-
-known_logs = _KnownLogs()
+    Parking and recovery are steps the harness chooses (`harness_for`, `ToolUseHarness.next_step`). Work that
+    arrived while the lease was held found it busy; once it is free the log is read again, and if it shows
+    work the lease is taken again, `rounds` times in all at most."""
+    taken = _take_lease(session_id)
+    if taken is None:
+        return Outcome.BUSY
+    lease, known = taken
+    try:
+        with lease_held(lease):  # released at the end; a crash (an exception) counts toward parking
+            log = _fold_or_park(lease, known)
+            if log is None:
+                return Outcome.PARKED
+            with Brain(lease, log, woken_by=by) as brain:  # the process's watcher renews its lease meanwhile
+                harness = harness_for(brain)
+                while (step := harness.next_step(brain.state, brain)) is not None:
+                    # A Cancelled step leaves the interrupt in the log; the harness handles it next.
+                    with contextlib.suppress(Cancelled):
+                        step.run(brain)
+                    brain.refresh()  # what users (or services on the brain's behalf) appended meanwhile
+    except LeaseLost:
+        return Outcome.LEASE_LOST
+    brain.refresh()
+    known_logs.keep(session_id, brain.log)
+    if pending(brain.state) and rounds > 1:
+        return run_brain(session_id, by=by, rounds=rounds - 1)
+    return Outcome.IDLE
 
 
 class Brain:
-    def __init__(self, lease: Lease, log: tuple[list[Event], SessionState]):
+    """A harness working one session under its lease: what steps read (the log and its fold) and write through
+    (`emit`, with the epoch), and how their calls are cancelled. The process's watcher watches it while the
+    `with` block lasts."""
+
+    def __init__(self, lease: Lease, log: Log, *, woken_by: str = "event"):
         """`log`: the session's events and their fold (the known prefix and what came with the lease)."""
         self.lease = lease
         self.session_id = lease.session_id
+        self.woken_by = woken_by
         self.events, self.state = log
-        self.provisioning: str | None = None  # the environment's lazy/eager mode, set by harness_for
         self.interrupted = threading.Event()
         self.lost = threading.Event()
         self._cancel_hook: Callable[[], None] | None = None
         self._cancel_floor = self.state.last_seq
-        self._renew_at = time.monotonic() + settings.LEASE_SECONDS / 3
-        _watcher().add(self)
+
+    def __enter__(self) -> Self:
+        watcher().add(self)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        watcher().remove(self)
 
     @property
     def epoch(self) -> int:
         return self.lease.epoch
+
+    @property
+    def log(self) -> Log:
+        return Log(self.events, self.state)
+
+    @cached_property
+    def provisioning(self) -> str:
+        """The environment's lazy or eager ("coupled") provisioning of the session's first sandbox."""
+        return provisioning_mode(self.lease.environment)
 
     # -- writing
 
@@ -129,7 +147,7 @@ class Brain:
         self.events.extend(new)
         fold(new, self.state)
 
-    # -- interrupts and the lease, watched by the process's watcher thread
+    # -- the current call's cancelling, by a user.interrupt or the lease's loss
 
     def begin_cancellable(self, hook: Callable[[], None] | None = None) -> None:
         self.interrupted.clear()
@@ -144,6 +162,23 @@ class Brain:
     def cancelled(self) -> bool:
         return self.interrupted.is_set() or self.lost.is_set()
 
+    # -- what the process's watcher (harness.watcher) asks and tells
+
+    def holds_lease(self) -> bool:
+        return not self.lost.is_set()
+
+    def interrupt_floor(self) -> int | None:
+        """The seq after which a user.interrupt stops the current call; None once it is stopped."""
+        return None if self.cancelled() else self._cancel_floor
+
+    def interrupt(self) -> None:
+        self.interrupted.set()
+        self._fire()
+
+    def lose_lease(self) -> None:
+        self.lost.set()
+        self._fire()
+
     def _fire(self) -> None:
         hook = self._cancel_hook
         if hook is not None:
@@ -152,223 +187,53 @@ class Brain:
             except Exception:  # noqa: BLE001 - closing an aborted stream may raise; the call sees Cancelled
                 logger.debug("cancel hook raised", exc_info=True)
 
-    def close(self) -> None:
-        _watcher().remove(self)
+
+def _take_lease(session_id: str) -> tuple[Lease, Log | None] | None:
+    """The lease and the log this process knows, with the lease bringing the rest (one round trip)."""
+    known = known_logs.pop(session_id)
+    lease = lease_acquire(
+        session_id,
+        owner=worker_name(),
+        seconds=settings.LEASE_SECONDS,
+        read_after=-1 if known is None else known.state.last_seq,
+    )
+    if lease is None:
+        if known is not None:
+            known_logs.keep(session_id, known)
+        return None
+    return lease, known
 
 
-class _Watcher:
-    """One thread per process watches every brain it runs: it renews their leases and looks for interrupts.
-
-    Each tick asks the database once for all of them (which sessions got a user.interrupt after the seq
-    their brain's current call began at), so a worker running many sessions polls at one rate, not one per
-    brain, and a wake starts no thread and opens no connection of its own.
-    """
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self._brains: set[Brain] = set()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="brain-watcher", daemon=True)
-        self._thread.start()
-
-    def add(self, brain: Brain) -> None:
-        with self._lock:
-            self._brains.add(brain)
-
-    def remove(self, brain: Brain) -> None:
-        with self._lock:
-            self._brains.discard(brain)
-
-    def alive(self) -> bool:
-        return self.pid == os.getpid() and self._thread.is_alive()
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(settings.INTERRUPT_POLL_SECONDS)
-            with self._lock:
-                brains = list(self._brains)
-            if not brains:
-                close_old_connections()
-                continue
-            try:
-                self._tick(brains)
-            except Exception:  # noqa: BLE001 - one bad tick must not stop the watching; leases lapse if it lasts
-                logger.exception("the brain watcher's tick failed")
-                close_old_connections()
-
-    def _tick(self, brains: list[Brain]) -> None:
-        now = time.monotonic()
-        for brain in brains:
-            if now >= brain._renew_at and not brain.lost.is_set():
-                brain._renew_at = now + settings.LEASE_SECONDS / 3
-                if not lease_renew(brain.lease, seconds=settings.LEASE_SECONDS):
-                    brain.lost.set()
-                    brain._fire()
-        asking = [brain for brain in brains if not brain.interrupted.is_set() and not brain.lost.is_set()]
-        if not asking:
-            return
-        for session_id in _interrupted(asking):
-            for brain in asking:
-                if brain.session_id == session_id:
-                    brain.interrupted.set()
-                    brain._fire()
-
-
-def _interrupted(brains: list[Brain]) -> set[str]:
-    """The sessions among these brains' that got a user.interrupt after their current call began."""
-    floors = ", ".join(["(CAST(%s AS TEXT), CAST(%s AS BIGINT))"] * len(brains))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH floors(session_id, seq) AS (VALUES {floors}) "
-            f"SELECT DISTINCT e.session_id FROM {Event._meta.db_table} e JOIN floors f "
-            "ON e.session_id = f.session_id AND e.seq > f.seq WHERE e.type = 'user.interrupt'",
-            [value for brain in brains for value in (brain.session_id, brain._cancel_floor)],
+def _fold_or_park(lease: Lease, known: Log | None) -> Log | None:
+    """The log folded, the known prefix continued by what came with the lease. A log the fold trips on is a
+    crash like any other until the crash limit; then it is parked as it stands, without closing the request or
+    calls it may hold open, and there is no brain to go on with (None)."""
+    try:
+        return known_logs.extend(known, lease.events)
+    except Exception:
+        if lease.attempts <= settings.WAKE_CRASH_LIMIT:
+            raise
+        logger.exception(
+            "the log of session %s cannot be folded; it is parked as it stands", lease.session_id
         )
-        return {row[0] for row in cursor.fetchall()}
-
-
-_watcher_lock = threading.Lock()
-_watcher_instance: _Watcher | None = None
-
-
-def _watcher() -> _Watcher:
-    global _watcher_instance
-    if _watcher_instance is None or not _watcher_instance.alive():
-        with _watcher_lock:
-            if _watcher_instance is None or not _watcher_instance.alive():
-                _watcher_instance = _Watcher()
-    return _watcher_instance
-
-
-def worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def run_brain(session_id: str, *, by: str = "event") -> str:
-    """Work the session until it has nothing to do. Returns what happened, for logs and tests."""
-    for _ in range(5):
-        # The lease brings what the log holds beyond the prefix this process knows (one round trip).
-        known = known_logs.pop(session_id)
-        lease = lease_acquire(
-            session_id,
-            owner=worker_name(),
-            seconds=settings.LEASE_SECONDS,
-            read_after=-1 if known is None else known[1].last_seq,
-        )
-        if lease is None:
-            if known is not None:
-                known_logs.keep(session_id, *known)
-            return "busy"  # another brain holds it; it re-checks for work after it releases
-        brain: Brain | None = None
-        clean = False
-        try:
-            if lease.attempts > settings.WAKE_CRASH_LIMIT:
-                brain = park(lease, known)
-            else:
-                # Folding the log is part of the wake: a log that cannot be folded is a crash like any other.
-                brain = Brain(lease, known_logs.extend(known, lease.events))
-                if lease.attempts > 1:
-                    brain.emit(
-                        {
-                            "type": "brain.recovered",
-                            "woken_by": by,
-                            "epoch": lease.epoch,
-                            "unfinished_wakes": lease.attempts - 1,
-                        }
-                    )
-                harness = harness_for(brain)
-                while (step := harness.next_step(brain.state, brain)) is not None:
-                    # A Cancelled step leaves the interrupt in the log; the harness handles it next.
-                    with contextlib.suppress(Cancelled):
-                        step.run(brain)
-                    brain.refresh()  # what users (or services on the brain's behalf) appended meanwhile
-            clean = True
-        except LeaseLost:
-            return "lease lost"
-        finally:
-            if brain is not None:
-                brain.close()
-            lease_release(lease, clean=clean)
-        if brain is None:
-            return "parked"  # with a log no brain can fold: there is nothing to go on with
-        # Work that arrived while the lease was held found it busy: look once more now that it is free.
-        brain.refresh()
-        known_logs.keep(session_id, brain.events, brain.state)
-        if not pending(brain.state):
-            return "idle"
-    return "idle"
+    notice = [*parked_notice(unfinished_wakes=lease.attempts - 1), events.status_idle("retries_exhausted")]
+    try:
+        emit_events(lease.session_id, [(event, None) for event in notice], epoch=lease.epoch)
+    except StaleEpoch as stale:
+        raise LeaseLost() from stale
+    return None
 
 
 def has_pending_work(session_id: str) -> bool:
     """Whether the log shows work (the sweeper asks). A log that cannot be folded counts as work: the wake
     it brings fails, and the crash limit then parks the session rather than leaving it running."""
-    events = get_events(session_id)
+    log = get_events(session_id)
     try:
-        return pending(fold(events))
+        return pending(fold(log))
     except Exception:  # noqa: BLE001 - whatever the fold trips on, it is the brain's to count
         logger.exception("the log of session %s cannot be folded", session_id)
         return True
 
 
-def park(lease: Lease, known: tuple[list[Event], SessionState] | None) -> Brain | None:
-    """Too many wakes in a row died: stop looping and tell the user, leaving the session idle.
-
-    What kills the wakes may be in the log itself: a log that cannot be folded is parked as it stands, without
-    closing the request or calls it may hold open, and there is then no brain to go on with (None).
-    """
-    limit = settings.WAKE_CRASH_LIMIT
-    error = {
-        "type": "session.error",
-        "error": {
-            "type": "unknown_error",
-            "retry_status": {"type": "terminal"},
-            "message": f"The brain working this session stopped unexpectedly {limit} times in a row; the session is "
-            "parked. Send a new message to try again.",
-        },
-    }
-    parked = {"type": "brain.parked", "attempts": lease.attempts - 1}
-    idle = {"type": "session.status_idle", "stop_reason": {"type": "retries_exhausted"}}
-    try:
-        brain = Brain(lease, known_logs.extend(known, lease.events))
-    except Exception:  # noqa: BLE001 - the fold's failure is what parking is for
-        logger.exception(
-            "the log of session %s cannot be folded; it is parked as it stands", lease.session_id
-        )
-        try:
-            emit_events(lease.session_id, [(error, None), (parked, None), (idle, None)], epoch=lease.epoch)
-        except StaleEpoch as stale:
-            raise LeaseLost() from stale
-        return None
-    if brain.state.open_request is not None:
-        start = brain.state.open_request
-        brain.emit(
-            {
-                "type": "span.model_request_end",
-                "model_request_start_id": start.uid,
-                "is_error": True,
-                "model_usage": {},
-                "error": "the worker stopped during this request",
-            },
-            key=f"{start.uid}:end",
-        )
-    for call in brain.state.unanswered:
-        if not call.custom:
-            brain.emit(
-                {
-                    "type": "agent.tool_result",
-                    "tool_use_id": call.id,
-                    "is_error": True,
-                    "content": [
-                        {
-                            "type": "text",
-                            "text": "The session was parked after repeated worker crashes; this call's effect "
-                            "is unverified.",
-                        }
-                    ],
-                },
-                key=f"{call.id}:result",
-            )
-    brain.emit(error)
-    brain.emit(parked)
-    brain.emit({**idle, "through_seq": brain.state.last_seq})
-    return brain
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"

@@ -120,7 +120,7 @@ def _well_formed(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for b in m["content"]
         if b["type"] == "tool_result"
     }
-    cleaned = []
+    cleaned: list[dict[str, Any]] = []
     for message in messages:
         blocks = [
             b

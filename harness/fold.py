@@ -78,6 +78,10 @@ class SessionState:
     def unanswered(self) -> list[ToolCall]:
         return [self.calls[i] for i in self.last_response_calls if self.calls[i].result is None]
 
+    def written_at(self, epoch: int) -> bool:
+        """Whether the brain of `epoch` has written yet (epochs only grow, so its events come last)."""
+        return bool(self.writers) and self.writers[-1][1] == epoch
+
     def earlier_brain_may_have_run(self, call: ToolCall, epoch: int) -> bool:
         """True when a brain other than `epoch` was responsible for the call once it could run."""
         since = call.confirmation.seq if call.confirmation is not None else call.use.seq

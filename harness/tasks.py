@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from harness.brain import has_pending_work, run_brain
+from harness.brain import Outcome, has_pending_work, run_brain
 from sessions.models import Session
 
 logger = logging.getLogger(__name__)
@@ -27,17 +27,12 @@ logger = logging.getLogger(__name__)
     time_limit=settings.CELERY_TASK_TIME_LIMIT,
     soft_time_limit=settings.CELERY_TASK_SOFT_TIME_LIMIT,
 )
-def wake(session_id: str, by: str = "event") -> str:
+def wake(session_id: str, by: str = "event") -> Outcome:
     """Continue a session from its log. Safe to run twice or at once: the lease admits one brain, and only
-    to a session that can still work (not deleted, archived or terminated)."""
+    to a session that can still work (`Session.objects.open()`)."""
     outcome = run_brain(session_id, by=by)
-    if (
-        outcome == "busy"
-        and not Session.objects.filter(id=session_id, deleted_at__isnull=True, archived_at__isnull=True)
-        .exclude(status=Session.Status.TERMINATED)
-        .exists()
-    ):
-        outcome = "gone"
+    if outcome is Outcome.BUSY and not Session.objects.open().filter(id=session_id).exists():
+        outcome = Outcome.GONE
     logger.info("wake(%s): %s", session_id, outcome)
     return outcome
 
@@ -114,13 +109,11 @@ def sweep() -> int:
     unqueued = Q(wake_queued_at__isnull=True) | Q(
         wake_queued_at__lt=now - timedelta(seconds=settings.WAKE_REQUEUE_SECONDS)
     )
-    candidates = Session.objects.filter(
-        lapsed,
-        unqueued,
-        deleted_at__isnull=True,
-        archived_at__isnull=True,
-        status=Session.Status.RUNNING,
-    ).values_list("id", flat=True)[:500]
+    candidates = (
+        Session.objects.open()
+        .filter(lapsed, unqueued, status=Session.Status.RUNNING)
+        .values_list("id", flat=True)[:500]
+    )
     woken = 0
     for session_id in candidates:
         if not has_pending_work(session_id):

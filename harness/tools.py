@@ -5,72 +5,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sandboxes.toolbox.schema import TOOLS, TOOLSET
+from sandboxes.toolbox.schema import input_problem as input_problem
+
+# The toolbox's table is the one source; the harness adds the field that picks which sandbox runs a call.
 TOOLSET_SCHEMAS: dict[str, dict[str, Any]] = {
-    "bash": {
-        "description": "Run a command in a persistent bash shell in the sandbox.",
+    name: {
+        "description": definition["description"],
         "input_schema": {
-            "type": "object",
+            **definition["input_schema"],
             "properties": {
-                "command": {"type": "string"},
-                "restart": {"type": "boolean"},
-                "timeout_ms": {"type": "integer"},
+                **definition["input_schema"]["properties"],
+                "sandbox": {
+                    "type": "string",
+                    "description": "Which of your sandboxes runs this call (default: your first).",
+                },
             },
         },
-    },
-    "read": {
-        "description": "Read a file, with line numbers; view_range [start, end] picks lines.",
-        "input_schema": {
-            "type": "object",
-            "required": ["file_path"],
-            "properties": {
-                "file_path": {"type": "string"},
-                "view_range": {"type": "array", "items": {"type": "integer"}},
-            },
-        },
-    },
-    "write": {
-        "description": "Write a file, replacing its contents.",
-        "input_schema": {
-            "type": "object",
-            "required": ["file_path", "content"],
-            "properties": {"file_path": {"type": "string"}, "content": {"type": "string"}},
-        },
-    },
-    "edit": {
-        "description": "Replace old_string by new_string in a file (all occurrences with replace_all).",
-        "input_schema": {
-            "type": "object",
-            "required": ["file_path", "old_string", "new_string"],
-            "properties": {
-                "file_path": {"type": "string"},
-                "old_string": {"type": "string"},
-                "new_string": {"type": "string"},
-                "replace_all": {"type": "boolean"},
-            },
-        },
-    },
-    "glob": {
-        "description": "List files matching a glob pattern.",
-        "input_schema": {
-            "type": "object",
-            "required": ["pattern"],
-            "properties": {"pattern": {"type": "string"}, "path": {"type": "string"}},
-        },
-    },
-    "grep": {
-        "description": "Search file contents for a regular expression.",
-        "input_schema": {
-            "type": "object",
-            "required": ["pattern"],
-            "properties": {"pattern": {"type": "string"}, "path": {"type": "string"}},
-        },
-    },
-}
-for _schema in TOOLSET_SCHEMAS.values():
-    _schema["input_schema"]["properties"]["sandbox"] = {
-        "type": "string",
-        "description": "Which of your sandboxes runs this call (default: your first).",
     }
+    for name, definition in TOOLS.items()
+}
 
 HAND_TOOLS: dict[str, dict[str, Any]] = {
     "provision_sandbox": {
@@ -101,14 +55,6 @@ HAND_TOOL_POLICIES = {
 
 # Running these twice has the effect of running them once, so recovery may re-run them.
 SAFE_TO_REPEAT = frozenset({"read", "glob", "grep", "write"})
-_JSON_TYPES = {
-    "string": str,
-    "integer": int,
-    "number": (int, float),
-    "boolean": bool,
-    "array": list,
-    "object": dict,
-}
 
 
 @dataclass(frozen=True)
@@ -122,7 +68,7 @@ class Tool:
 def agent_tools(agent: dict[str, Any], *, only: frozenset[str] | None = None) -> dict[str, Tool]:
     tools: dict[str, Tool] = {}
     for entry in agent.get("tools") or []:
-        if entry["type"] == "agent_toolset_20260401":
+        if entry["type"] == TOOLSET:
             configs = {config["name"]: config for config in entry["configs"]}
             if only is None and configs.get("bash", {}).get("enabled"):
                 for name, schema in HAND_TOOLS.items():
@@ -153,29 +99,3 @@ def agent_tools(agent: dict[str, Any], *, only: frozenset[str] | None = None) ->
 
 def _permission(config: dict[str, Any]) -> str:
     return "ask" if config["permission_policy"]["type"] == "always_ask" else "allow"
-
-
-def input_problem(schema: dict[str, Any], value: Any, where: str = "input") -> str | None:
-    """What is wrong with `value` for a JSON schema (the common subset tools use), or None."""
-    expected = schema.get("type")
-    if expected in _JSON_TYPES:
-        kind = _JSON_TYPES[expected]
-        if not isinstance(value, kind) or (expected in ("integer", "number") and isinstance(value, bool)):
-            return f"{where} must be of type {expected}"
-    if isinstance(value, dict):
-        for key in schema.get("required", []):
-            if key not in value:
-                return f"{where} is missing the required field {key!r}"
-        for key, sub in (schema.get("properties") or {}).items():
-            if key in value:
-                problem = input_problem(sub, value[key], f"{where}.{key}")
-                if problem:
-                    return problem
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(value):
-            problem = input_problem(schema["items"], item, f"{where}[{i}]")
-            if problem:
-                return problem
-    if "enum" in schema and value not in schema["enum"]:
-        return f"{where} must be one of {schema['enum']}"
-    return None

@@ -1,14 +1,15 @@
-"""/v1/environments."""
+"""/v1/environments (reference §5), and a session's hands: /v1/sessions/{id}/sandboxes and /v1/sandboxes
+(Workbench's own)."""
 
-from __future__ import annotations
-
-from typing import Any
+from typing import Any, Literal
 
 from django.http import HttpRequest
+from ninja import Field, Query, Router, Schema
+from pydantic import field_validator
 
-from kernel.api.endpoint import endpoint
+from kernel.api.edge import answers
 from kernel.api.pagination import keyset_page
-from kernel.api.validation import no_unknown_fields, query_bool, query_int, text
+from kernel.api.schemas import ERRORS, Body, Deleted, Metadata, MetadataPatch, Page, Timestamp
 from kernel.errors import NotFound, Unavailable
 from sandboxes.environments import (
     environment_archive,
@@ -27,107 +28,213 @@ from sandboxes.hands import (
     sandbox_terminate,
     sandbox_transfer,
 )
-from sandboxes.models import Environment, Sandbox
+from sandboxes.models import Environment as EnvironmentRow
+from sandboxes.models import Sandbox as SandboxRow
 from sandboxes.providers import SandboxError
 from sessions.models import Session
 
+router = Router(tags=["environments"])
+Scope = Literal["organization", "account"]
 
-def environments_create(request: HttpRequest) -> dict[str, Any]:
-    return environment_json(environment_create(request.json))  # type: ignore[attr-defined]
+
+class EnvironmentCreate(Body):
+    name: str = Field(..., min_length=1, max_length=255)
+    config: dict[str, Any] | None = Field(
+        None, description='{"type": "cloud", networking, packages, sandbox} or {"type": "self_hosted"}.'
+    )
+    description: str | None = None
+    metadata: Metadata | None = None
+    scope: Scope = "organization"
 
 
-def environments_list(request: HttpRequest) -> dict[str, Any]:
-    limit = query_int(request.GET, "limit", default=20, minimum=1, maximum=100)
-    environments = Environment.objects.filter(deleted_at__isnull=True)
-    if not query_bool(request.GET, "include_archived"):
+class EnvironmentUpdate(Body):
+    name: str | None = Field(None, min_length=1, max_length=255)
+    config: dict[str, Any] | None = None
+    description: str | None = None
+    metadata: MetadataPatch | None = None
+    scope: Scope | None = None
+
+    @field_validator("name", "config", "metadata", "scope", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("may be left out, but not null")
+        return value
+
+
+class EnvironmentsQuery(Page):
+    limit: int = Field(20, ge=1, le=100)
+    include_archived: bool = False
+
+
+class Environment(Schema):
+    id: str
+    type: Literal["environment"]
+    name: str
+    description: str | None
+    metadata: dict[str, str]
+    scope: str
+    config: dict[str, Any]
+    created_at: Timestamp
+    updated_at: Timestamp
+    archived_at: Timestamp | None
+
+
+class EnvironmentList(Schema):
+    data: list[Environment]
+    next_page: str | None
+
+
+@router.post("/environments", response={200: Environment, **ERRORS})
+@answers
+def environments_create(request: HttpRequest, body: EnvironmentCreate) -> dict[str, Any]:
+    return environment_json(environment_create(**body.given()))
+
+
+@router.get("/environments", response={200: EnvironmentList, **ERRORS})
+@answers
+def environments_list(request: HttpRequest, query: Query[EnvironmentsQuery]) -> dict[str, Any]:
+    environments = EnvironmentRow.objects.live()
+    if not query.include_archived:
         environments = environments.filter(archived_at__isnull=True)
-    page = keyset_page(environments, request.GET, order="desc", limit=limit)
+    page = keyset_page(environments, query.page, order="desc", limit=query.limit)
     return {"data": [environment_json(e) for e in page["rows"]], "next_page": page["next_page"]}
 
 
+@router.get("/environments/{environment_id}", response={200: Environment, **ERRORS})
+@answers
 def environments_retrieve(request: HttpRequest, environment_id: str) -> dict[str, Any]:
     return environment_json(get_environment(environment_id))
 
 
-def environments_update(request: HttpRequest, environment_id: str) -> dict[str, Any]:
-    return environment_json(environment_update(environment_id, request.json))  # type: ignore[attr-defined]
+@router.post("/environments/{environment_id}", response={200: Environment, **ERRORS})
+@answers
+def environments_update(request: HttpRequest, environment_id: str, body: EnvironmentUpdate) -> dict[str, Any]:
+    return environment_json(environment_update(environment_id, **body.given()))
 
 
+@router.delete("/environments/{environment_id}", response={200: Deleted, **ERRORS})
+@answers
 def environments_delete(request: HttpRequest, environment_id: str) -> dict[str, Any]:
     return environment_delete(environment_id)
 
 
+@router.post("/environments/{environment_id}/archive", response={200: Environment, **ERRORS})
+@answers
 def environments_archive(request: HttpRequest, environment_id: str) -> dict[str, Any]:
     return environment_json(environment_archive(environment_id))
 
 
-collection = endpoint(GET=environments_list, POST=environments_create)
-item = endpoint(GET=environments_retrieve, POST=environments_update, DELETE=environments_delete)
-archive = endpoint(POST=environments_archive)
+# -- hands
 
 
-# -- hands: /v1/sessions/{id}/sandboxes and /v1/sandboxes (Workbench's own endpoints)
+class Sandbox(Schema):
+    id: str
+    type: Literal["sandbox"]
+    name: str
+    status: str
+    provider: str
+    environment_id: str
+    session_id: str | None
+    created_at: Timestamp
+    last_used_at: Timestamp
+
+
+class SandboxList(Schema):
+    data: list[Sandbox]
+    next_page: str | None
+
+
+class SandboxAdd(Body):
+    name: str | None = Field(None, min_length=1, max_length=MAX_NAME_LENGTH)
+    sandbox_id: str | None = Field(
+        None, min_length=1, description="Attach this free sandbox instead of provisioning one."
+    )
+
+
+class SandboxTransfer(Body):
+    to_session: str = Field(..., min_length=1)
+
+
+class SandboxesQuery(Schema):
+    limit: int = Field(100, ge=1, le=1000)
+    include_terminated: bool = False
+    free: bool = False
 
 
 def _session_or_404(session_id: str) -> None:
-    if not Session.objects.filter(id=session_id, deleted_at__isnull=True).exists():
+    if not Session.objects.live().filter(id=session_id).exists():
         raise NotFound("session", session_id)
 
 
 def _held_by(session_id: str, sandbox_id: str) -> None:
-    if not Sandbox.objects.filter(id=sandbox_id, session_id=session_id).exists():
+    if not SandboxRow.objects.filter(id=sandbox_id, session_id=session_id).exists():
         raise NotFound("sandbox", sandbox_id, f"Session {session_id} holds no sandbox {sandbox_id!r}.")
 
 
+@router.get("/sessions/{session_id}/sandboxes", response={200: SandboxList, **ERRORS}, tags=["sandboxes"])
+@answers
 def session_sandboxes_list(request: HttpRequest, session_id: str) -> dict[str, Any]:
     _session_or_404(session_id)
-    sandboxes = Sandbox.objects.filter(session_id=session_id).exclude(status=Sandbox.Status.TERMINATED)
+    sandboxes = SandboxRow.objects.filter(session_id=session_id).exclude(status=SandboxRow.Status.TERMINATED)
     return {"data": [sandbox_json(s) for s in sandboxes.order_by("created_at")], "next_page": None}
 
 
-def session_sandboxes_add(request: HttpRequest, session_id: str) -> dict[str, Any]:
+@router.post("/sessions/{session_id}/sandboxes", response={200: Sandbox, **ERRORS}, tags=["sandboxes"])
+@answers
+def session_sandboxes_add(request: HttpRequest, session_id: str, body: SandboxAdd) -> dict[str, Any]:
     """`{"name"}` provisions a new hand; `{"sandbox_id", "name"?}` attaches a free one."""
-    body = request.json  # type: ignore[attr-defined]
-    no_unknown_fields(body, ("name", "sandbox_id"), "sandbox")
     _session_or_404(session_id)
-    name = text(body, "name", min_length=1, max_length=MAX_NAME_LENGTH, default=None)
-    if "sandbox_id" in body:
-        return sandbox_json(sandbox_attach(text(body, "sandbox_id", min_length=1), session_id, name=name))
+    if body.sandbox_id is not None:
+        return sandbox_json(sandbox_attach(body.sandbox_id, session_id, name=body.name))
     try:
-        return sandbox_json(sandbox_provision(session_id, name=name or "main"))
+        return sandbox_json(sandbox_provision(session_id, name=body.name or "main"))
     except SandboxError as error:
         raise Unavailable(f"The sandbox provider could not provision: {error}") from None
 
 
+@router.post(
+    "/sessions/{session_id}/sandboxes/{sandbox_id}/detach",
+    response={200: Sandbox, **ERRORS},
+    tags=["sandboxes"],
+)
+@answers
 def session_sandbox_detach(request: HttpRequest, session_id: str, sandbox_id: str) -> dict[str, Any]:
     _held_by(session_id, sandbox_id)
     return sandbox_json(sandbox_detach(sandbox_id))
 
 
-def session_sandbox_transfer(request: HttpRequest, session_id: str, sandbox_id: str) -> dict[str, Any]:
-    body = request.json  # type: ignore[attr-defined]
-    no_unknown_fields(body, ("to_session",), "transfer")
+@router.post(
+    "/sessions/{session_id}/sandboxes/{sandbox_id}/transfer",
+    response={200: Sandbox, **ERRORS},
+    tags=["sandboxes"],
+)
+@answers
+def session_sandbox_transfer(
+    request: HttpRequest, session_id: str, sandbox_id: str, body: SandboxTransfer
+) -> dict[str, Any]:
     _held_by(session_id, sandbox_id)
-    return sandbox_json(sandbox_transfer(sandbox_id, text(body, "to_session", required=True, min_length=1)))
+    return sandbox_json(sandbox_transfer(sandbox_id, body.to_session))
 
 
+@router.delete(
+    "/sessions/{session_id}/sandboxes/{sandbox_id}", response={200: Sandbox, **ERRORS}, tags=["sandboxes"]
+)
+@answers
 def session_sandbox_terminate(request: HttpRequest, session_id: str, sandbox_id: str) -> dict[str, Any]:
     _held_by(session_id, sandbox_id)
     return sandbox_json(sandbox_terminate(sandbox_id))
 
 
-def sandboxes_list(request: HttpRequest) -> dict[str, Any]:
-    limit = query_int(request.GET, "limit", default=100, minimum=1, maximum=1000)
-    sandboxes = Sandbox.objects.exclude(status=Sandbox.Status.TERMINATED)
-    if query_bool(request.GET, "include_terminated"):
-        sandboxes = Sandbox.objects.all()
-    if request.GET.get("free") == "true":
+@router.get("/sandboxes", response={200: SandboxList, **ERRORS}, tags=["sandboxes"])
+@answers
+def sandboxes_list(request: HttpRequest, query: Query[SandboxesQuery]) -> dict[str, Any]:
+    sandboxes = SandboxRow.objects.all()
+    if not query.include_terminated:
+        sandboxes = sandboxes.exclude(status=SandboxRow.Status.TERMINATED)
+    if query.free:
         sandboxes = sandboxes.filter(session__isnull=True)
-    return {"data": [sandbox_json(s) for s in sandboxes.order_by("-created_at")[:limit]], "next_page": None}
-
-
-session_sandboxes = endpoint(GET=session_sandboxes_list, POST=session_sandboxes_add)
-session_sandbox = endpoint(DELETE=session_sandbox_terminate)
-session_sandbox_detach_view = endpoint(POST=session_sandbox_detach)
-session_sandbox_transfer_view = endpoint(POST=session_sandbox_transfer)
-sandboxes = endpoint(GET=sandboxes_list)
+    return {
+        "data": [sandbox_json(s) for s in sandboxes.order_by("-created_at")[: query.limit]],
+        "next_page": None,
+    }

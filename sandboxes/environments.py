@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal, TypedDict, Unpack
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from kernel.api.validation import expect, metadata, no_unknown_fields, patch_metadata, text
-from kernel.errors import Conflict, Invalid, NotFound
+from kernel.api.validation import check_metadata, expect, no_unknown_fields, patch_metadata
+from kernel.errors import Closed, Conflict, Invalid, NotFound
 from sandboxes.models import Environment
 from sandboxes.pool import pool_size, queue_refill
 from sandboxes.providers import PROVIDERS
@@ -175,17 +175,10 @@ def environment_json(environment: Environment) -> dict[str, Any]:
 
 
 def get_environment(environment_id: str) -> Environment:
-    environment = Environment.objects.filter(id=environment_id, deleted_at__isnull=True).first()
+    environment = Environment.objects.live().filter(id=environment_id).first()
     if environment is None:
         raise NotFound("environment", environment_id, code="environment_not_found")
     return environment
-
-
-def _scope(body: dict[str, Any]) -> Any:
-    scope = body.get("scope", "organization")
-    if scope not in ("organization", "account"):
-        raise Invalid(f"'scope' must be 'organization' or 'account', not {scope!r}.")
-    return scope
 
 
 def _refill_on_commit(environment: Environment) -> None:
@@ -207,11 +200,7 @@ def _save(environment: Environment, **options: Any) -> None:
         with transaction.atomic():
             environment.save(**options)
     except IntegrityError:
-        holder = (
-            Environment.objects.filter(name=environment.name, deleted_at__isnull=True)
-            .exclude(id=environment.id)
-            .first()
-        )
+        holder = Environment.objects.live().filter(name=environment.name).exclude(id=environment.id).first()
         if holder is None:
             raise
         state = "an archived environment" if holder.archived_at else "an environment"
@@ -222,29 +211,46 @@ def _save(environment: Environment, **options: Any) -> None:
         ) from None
 
 
-def environment_create(body: dict[str, Any]) -> Environment:
-    no_unknown_fields(body, ("name", "config", "description", "metadata", "scope"), "environment")
+Scope = Literal["organization", "account"]
+
+
+def environment_create(
+    *,
+    name: str,
+    config: dict[str, Any] | None = None,
+    description: str | None = None,
+    metadata: dict[str, str] | None = None,
+    scope: Scope = "organization",
+) -> Environment:
     environment = Environment(
-        name=text(body, "name", required=True, min_length=1, max_length=255),
-        description=text(body, "description", nullable=True, default=None),
-        metadata=dict(metadata(body.get("metadata", {}))),
-        scope=_scope(body),
-        config=normalise_config(body.get("config")),
+        name=name,
+        description=description,
+        metadata=dict(check_metadata(metadata or {})),
+        scope=scope,
+        config=normalise_config(config),
     )
     _save(environment, force_insert=True)
     _refill_on_commit(environment)
     return environment
 
 
-def environment_update(environment_id: str, body: dict[str, Any]) -> Environment:
-    no_unknown_fields(body, ("name", "config", "description", "metadata", "scope"), "environment update")
+class EnvironmentChanges(TypedDict, total=False):
+    name: str
+    config: dict[str, Any]
+    description: str | None
+    metadata: dict[str, str | None]
+    scope: Scope
+
+
+def environment_update(environment_id: str, **changes: Unpack[EnvironmentChanges]) -> Environment:
+    """Change what was given; a config may not change its type (cloud or self-hosted)."""
     environment = get_environment(environment_id)
     if environment.archived_at is not None:
-        raise Invalid(
+        raise Closed(
             f"Environment {environment_id} is archived and cannot be changed.", code="environment_archived"
         )
-    if "config" in body:
-        config = normalise_config(body["config"])
+    if "config" in changes:
+        config = normalise_config(changes["config"])
         if config["type"] != environment.config.get("type"):
             raise Invalid(
                 f"Environment {environment_id} is {environment.config.get('type')}; its config type cannot "
@@ -252,14 +258,16 @@ def environment_update(environment_id: str, body: dict[str, Any]) -> Environment
                 code="invalid_config_type_change",
             )
         environment.config = config
-    if "name" in body:
-        environment.name = text(body, "name", min_length=1, max_length=255)
-    if "description" in body:
-        environment.description = text(body, "description", nullable=True)
-    if "scope" in body:
-        environment.scope = _scope(body)
-    if "metadata" in body:
-        environment.metadata = patch_metadata(environment.metadata, metadata(body["metadata"], patch=True))
+    if "name" in changes:
+        environment.name = changes["name"]
+    if "description" in changes:
+        environment.description = changes["description"]
+    if "scope" in changes:
+        environment.scope = changes["scope"]
+    if "metadata" in changes:
+        environment.metadata = patch_metadata(
+            environment.metadata, check_metadata(changes["metadata"], patch=True)
+        )
     _save(environment)
     _refill_on_commit(environment)
     return environment

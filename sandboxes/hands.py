@@ -27,6 +27,7 @@ from sandboxes.providers import (
 )
 from sandboxes.provisioning import provider_name, provider_of, resources_for
 from sandboxes.repositories import checkout_repositories
+from sessions import events
 from sessions.models import Session
 from sessions.services import emit_event
 
@@ -110,18 +111,14 @@ def sandbox_provision(session_id: str, *, name: str = DEFAULT_HAND, emit: Emit |
             sandbox.handle = provider_of(sandbox).provision(resources_for(session.environment, sandbox))
         except SandboxError as error:
             Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.DEAD)
-            emit({"type": "sandbox.failed", "name": name, "reason": str(error)})
+            emit(events.sandbox_failed(name, str(error)))
             raise
         sandbox.status = Sandbox.Status.READY
         sandbox.save(update_fields=["handle", "status"])
     emit(
-        {
-            "type": "sandbox.provisioned",
-            "sandbox_id": sandbox.id,
-            "name": name,
-            "provider": sandbox.provider,
-            "pooled": bool(sandbox.labels.get("from_pool")),
-        }
+        events.sandbox_provisioned(
+            sandbox.id, name, provider=sandbox.provider, pooled=bool(sandbox.labels.get("from_pool"))
+        )
     )
     if session.resources:
         checkout_repositories(provider_of(sandbox), sandbox.handle, session.resources, emit)
@@ -165,7 +162,7 @@ def execute(
     except SandboxGone as gone:
         assert sandbox is not None
         Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.DEAD)
-        emit({"type": "sandbox.failed", "sandbox_id": sandbox.id, "name": sandbox.name, "reason": str(gone)})
+        emit(events.sandbox_failed(sandbox.name, str(gone), sandbox_id=sandbox.id))
         return (
             f"The sandbox {sandbox.name!r} died during this call: {gone}. Its effect is unknown; the next "
             "call will provision a new sandbox."
@@ -200,9 +197,10 @@ def _live(sandbox_id: str) -> Sandbox:
 def _receiver(session_id: str) -> Session:
     """The session a hand is given to, locked (as provisioning locks it) and checked to have room for it."""
     session = (
-        Session.objects.select_for_update(no_key=True, of=("self",))
+        Session.objects.live()
+        .select_for_update(no_key=True, of=("self",))
         .select_related("environment")
-        .filter(id=session_id, deleted_at__isnull=True)
+        .filter(id=session_id)
         .first()
     )
     if session is None:
@@ -223,12 +221,11 @@ def _handed_over(sandbox: Sandbox, session_id: str) -> Sandbox:
         Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.DEAD)
         emit_event(
             session_id,
-            {
-                "type": "sandbox.failed",
-                "sandbox_id": sandbox.id,
-                "name": sandbox.name,
-                "reason": f"its toolbox could not be verified after it changed hands: {error}",
-            },
+            events.sandbox_failed(
+                sandbox.name,
+                f"its toolbox could not be verified after it changed hands: {error}",
+                sandbox_id=sandbox.id,
+            ),
         )
         sandbox.refresh_from_db()
     return sandbox
@@ -248,7 +245,7 @@ def sandbox_attach(sandbox_id: str, session_id: str, *, name: str | None = None)
         _receiver(session_id)
         sandbox.session_id, sandbox.name = session_id, _free_name(session_id, name or sandbox.name)
         sandbox.save(update_fields=["session", "name"])
-        emit_event(session_id, {"type": "sandbox.attached", "sandbox_id": sandbox.id, "name": sandbox.name})
+        emit_event(session_id, events.sandbox_attached(sandbox.id, sandbox.name))
     return _handed_over(sandbox, session_id)
 
 
@@ -258,9 +255,7 @@ def sandbox_detach(sandbox_id: str, *, emit: Emit | None = None) -> Sandbox:
         sandbox = _live(sandbox_id)
         if sandbox.session_id is None:
             raise Invalid(f"Sandbox {sandbox_id} is not attached to any session.")
-        (emit or _log(sandbox.session_id))(
-            {"type": "sandbox.detached", "sandbox_id": sandbox.id, "name": sandbox.name}
-        )
+        (emit or _log(sandbox.session_id))(events.sandbox_detached(sandbox.id, sandbox.name))
         leave_pool(sandbox)
         sandbox.session_id = None
         sandbox.save(update_fields=["session", "labels"])
@@ -282,24 +277,12 @@ def sandbox_transfer(sandbox_id: str, to_session_id: str, *, emit: Emit | None =
         if source == to_session_id:
             raise Invalid(f"Sandbox {sandbox_id} is already held by session {to_session_id}.")
         _receiver(to_session_id)
-        (emit or _log(source))(
-            {
-                "type": "sandbox.detached",
-                "sandbox_id": sandbox.id,
-                "name": sandbox.name,
-                "to_session": to_session_id,
-            }
-        )
+        (emit or _log(source))(events.sandbox_detached(sandbox.id, sandbox.name, to_session=to_session_id))
         sandbox.session_id, sandbox.name = to_session_id, _free_name(to_session_id, sandbox.name)
         sandbox.save(update_fields=["session", "name"])
         emit_event(
             to_session_id,
-            {
-                "type": "sandbox.attached",
-                "sandbox_id": sandbox.id,
-                "name": sandbox.name,
-                "from_session": source,
-            },
+            events.sandbox_attached(sandbox.id, sandbox.name, from_session=source),
         )
     return _handed_over(sandbox, to_session_id)
 
@@ -316,9 +299,7 @@ def sandbox_terminate(sandbox_id: str, *, emit: Emit | None = None) -> Sandbox:
             logger.warning("terminating %s: %s (the reaper will retry)", sandbox.id, error)
         Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.TERMINATED)
         if sandbox.session_id:
-            (emit or _log(sandbox.session_id))(
-                {"type": "sandbox.terminated", "sandbox_id": sandbox.id, "name": sandbox.name}
-            )
+            (emit or _log(sandbox.session_id))(events.sandbox_terminated(sandbox.id, sandbox.name))
     sandbox.refresh_from_db()
     return sandbox
 

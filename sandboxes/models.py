@@ -1,10 +1,21 @@
 from __future__ import annotations
 
 from functools import partial
+from typing import Self
 
 from django.db import models
 
 from kernel.ids import new_id
+
+
+class EnvironmentQuerySet(models.QuerySet["Environment"]):
+    def live(self) -> Self:
+        """Not deleted: a deleted environment is a 404, though sessions that used it keep their history."""
+        return self.filter(deleted_at__isnull=True)
+
+    def usable(self) -> Self:
+        """Live and not archived: new sessions may start in it, and its warm pool is kept."""
+        return self.live().filter(archived_at__isnull=True)
 
 
 class Environment(models.Model):
@@ -20,6 +31,8 @@ class Environment(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     archived_at = models.DateTimeField(null=True, blank=True)
     deleted_at = models.DateTimeField(null=True, blank=True)
+
+    objects = EnvironmentQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -74,11 +74,7 @@ def pool_refill(environment_id: str) -> int:
     with transaction.atomic():
         # The environment row's lock keeps two refills from overfilling the same pool: each counts the
         # sandboxes the other is still starting.
-        environment = (
-            Environment.objects.select_for_update()
-            .filter(id=environment_id, deleted_at__isnull=True, archived_at__isnull=True)
-            .first()
-        )
+        environment = Environment.objects.select_for_update().usable().filter(id=environment_id).first()
         if environment is None:
             return 0
         coming = (

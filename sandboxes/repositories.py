@@ -25,6 +25,7 @@ from django.conf import settings
 from kernel.api.validation import expect, no_unknown_fields, text
 from kernel.errors import Invalid
 from sandboxes.providers import SandboxError
+from sessions import events
 
 WORKSPACE = "/workspace/"
 CLONE_TIMEOUT_SECONDS = 300
@@ -292,13 +293,7 @@ def checkout_repositories(provider: Any, handle: str, resources: list[dict[str, 
             kind, reason = "repository_clone_error", str(error)
         url = _shown(resource.get("url"))
         emit(
-            {
-                "type": "session.error",
-                "error": {
-                    "type": kind,
-                    "repository_url": url,
-                    "message": f"Could not put {url} into the sandbox: {reason}",
-                    "retry_status": {"type": "retrying"},
-                },
-            }
+            events.session_error(
+                kind, f"Could not put {url} into the sandbox: {reason}", retry="retrying", repository_url=url
+            )
         )

@@ -16,7 +16,7 @@ def refill_pool(environment_id: str) -> int:
 
 @shared_task(ignore_result=True, time_limit=600, soft_time_limit=570)
 def maintain_pools() -> int:
-    environments = Environment.objects.filter(deleted_at__isnull=True, archived_at__isnull=True)
+    environments = Environment.objects.usable()
     return sum(pool_refill(e.id) for e in environments if pool_size(e) > 0)
 
 

@@ -15,8 +15,11 @@ trap cleanup EXIT
 if [ -x scripts/start-dockerd.sh ]; then scripts/start-dockerd.sh; fi
 if [ -x scripts/build-image.sh ]; then scripts/build-image.sh; fi
 
-echo "== lint (ruff)"
+echo "== lint: ruff, the format, the layers (import-linter), types (mypy)"
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/lint-imports
+.venv/bin/mypy kernel sessions sandboxes harness vault workbench offline_model
 
 export CONN_MAX_AGE=0
 status=0

@@ -5,8 +5,10 @@ nothing else calls `group_send`. Every message carries `(session, seq)`, so a re
 re-reads the log: a broadcast is a hint, and losing one never loses an event.
 
 Publishing happens on one background thread that batches whatever is queued into one Redis pipeline of
-PUBLISHes (the pub/sub channel layer's format), so appending an event costs a queue put rather than a
-round trip, and messages from one process keep their order.
+PUBLISHes per shard, so appending an event costs a queue put rather than a round trip, and messages from
+one process keep their order. `Groups` is the one adapter that knows how channels_redis's pub/sub layer
+names, shards and encodes a group's messages (tests/sessions/test_broadcast_sharded.py holds it to the
+real layer on two Redis servers): the layer's own `group_send` costs a round trip per message.
 """
 
 from __future__ import annotations
@@ -17,11 +19,16 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import redis
+import redis.sentinel
 from channels.layers import channel_layers
+from channels_redis.pubsub import RedisPubSubChannelLayer
+from channels_redis.utils import _consistent_hash, decode_hosts
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 if TYPE_CHECKING:
     from sessions.models import Event
@@ -87,6 +94,73 @@ def publish_preview(session_id: str, seq: int, preview: dict[str, Any], *, event
     _publisher().put(group_name(session_id), message)
 
 
+class Groups:
+    """Publishes to channel-layer groups exactly where and as channels_redis's `RedisPubSubChannelLayer` does
+    (`RedisPubSubLoopLayer.group_send`), with synchronous clients and a pipeline per shard: the same Redis
+    channel, on the same one of the layer's hosts, carrying the same bytes."""
+
+    def __init__(self, alias: str = "default") -> None:
+        self.layer = channel_layers.make_backend(alias)
+        if not isinstance(self.layer, RedisPubSubChannelLayer):
+            raise ImproperlyConfigured(
+                f"CHANNEL_LAYERS[{alias!r}] must be channels_redis.pubsub.RedisPubSubChannelLayer for the "
+                f"broadcaster, not {type(self.layer).__name__}"
+            )
+        layers: dict[str, Any] = settings.CHANNEL_LAYERS
+        config: dict[str, Any] = layers[alias].get("CONFIG", {})
+        self.prefix: str = config.get("prefix", "asgi")
+        self.shards = [_client(host) for host in decode_hosts(config.get("hosts"))]
+
+    def channel(self, group: str) -> str:
+        """RedisPubSubLoopLayer._get_group_channel_name."""
+        return f"{self.prefix}__group__{group}"
+
+    def shard(self, channel: str) -> int:
+        """RedisPubSubLoopLayer._get_shard: the host a group's channel lives on, for publishers and readers."""
+        return _consistent_hash(channel, len(self.shards))
+
+    def publish(self, messages: Iterable[tuple[str, bytes]]) -> int:
+        """PUBLISH each (group, serialized message), in order within each shard; how many did not go out (a
+        shard that fails costs its own messages only)."""
+        by_shard: dict[int, list[tuple[str, bytes]]] = {}
+        for group, data in messages:
+            channel = self.channel(group)
+            by_shard.setdefault(self.shard(channel), []).append((channel, data))
+        lost = 0
+        for index, items in by_shard.items():
+            pipeline = self.shards[index].pipeline(transaction=False)
+            for channel, data in items:
+                pipeline.publish(channel, data)
+            try:
+                pipeline.execute()
+            except redis.RedisError:
+                lost += len(items)
+                logger.warning(
+                    "broadcast of %d messages to shard %d failed; readers will catch up from the log",
+                    len(items),
+                    index,
+                    exc_info=True,
+                )
+        return lost
+
+
+def _client(host: dict[str, Any]) -> redis.Redis:
+    """A synchronous client for one of the layer's hosts, made as channels_redis.utils.create_pool makes its
+    pool for it (a URL, a sentinel's master, or connection keywords)."""
+    host = dict(host)
+    if "address" in host:
+        pool = redis.ConnectionPool.from_url(host.pop("address"), **host)
+    elif "master_name" in host:
+        master = host.pop("master_name")
+        sentinel = redis.sentinel.Sentinel(
+            host.pop("sentinels"), sentinel_kwargs=host.pop("sentinel_kwargs", None)
+        )
+        pool = redis.sentinel.SentinelConnectionPool(master, sentinel, **host)
+    else:
+        pool = redis.ConnectionPool(**host)
+    return redis.Redis(connection_pool=pool)
+
+
 class _Publisher:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
@@ -102,12 +176,9 @@ class _Publisher:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        # A plain daemon thread: it blocks on the queue, then PUBLISHes everything queued in one pipeline
-        # with a synchronous client, in the wire format of the pub/sub channel layer readers use.
-        layer = channel_layers.make_backend("default")
-        config = settings.CHANNEL_LAYERS["default"].get("CONFIG", {})
-        prefix = config.get("prefix", "asgi")
-        client = redis.Redis.from_url(config["hosts"][0])
+        # A plain daemon thread: it blocks on the queue, then PUBLISHes everything queued, a pipeline per
+        # shard, in the wire format of the pub/sub channel layer readers use.
+        groups = Groups()
         sent_at = -LINGER_SECONDS
         while True:
             batch = [self._queue.get()]
@@ -127,25 +198,16 @@ class _Publisher:
                 except queue.Empty:
                     break
             stop = None in batch
-            pipeline = client.pipeline(transaction=False)
+            wired: list[tuple[str, bytes]] = []
             for group, message in (item for item in batch if item is not None):
                 try:
-                    data = _wire(layer, message)
+                    wired.append((group, _wire(groups.layer, message)))
                 except Exception:  # noqa: BLE001 - one message that cannot be encoded must not cost the rest
                     logger.warning(
                         "a live message for %s could not be encoded and is dropped", group, exc_info=True
                     )
-                    continue
-                pipeline.publish(f"{prefix}__group__{group}", data)
-            try:
-                pipeline.execute()
+            if not groups.publish(wired):
                 sent_at = time.monotonic()
-            except redis.RedisError:
-                logger.warning(
-                    "broadcast of %d messages failed; readers will catch up from the log",
-                    len(batch),
-                    exc_info=True,
-                )
             if stop:
                 return
 

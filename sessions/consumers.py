@@ -15,6 +15,7 @@ from kernel.api.validation import text_problem
 from kernel.auth import scope_is_authenticated
 from sessions.broadcast import group_name
 from sessions.selectors import session_length
+from sessions.services import SessionNotFound
 from sessions.stream import Sequencer
 
 CLOSE_UNAUTHENTICATED = 4401
@@ -37,8 +38,8 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
             return
         try:
             length = await database_sync_to_async(session_length)(self.session_id)
-        except LookupError:
-            await self._refuse(CLOSE_NOT_FOUND, f"No session with id {self.session_id!r}.")
+        except SessionNotFound as missing:
+            await self._refuse(CLOSE_NOT_FOUND, missing.message)
             return
         query = parse_qs(self.scope.get("query_string", b"").decode())
         after = query.get("after", [str(length - 1)])[0]

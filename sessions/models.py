@@ -1,11 +1,21 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, Self
 
 from django.db import models
 
 from kernel.ids import new_id
+
+
+class SessionQuerySet(models.QuerySet["Session"]):
+    def live(self) -> Self:
+        """Not deleted: a deleted session is a 404 everywhere, though its row and log stay."""
+        return self.filter(deleted_at__isnull=True)
+
+    def open(self) -> Self:
+        """Live and able to work: not archived or terminated (what a brain's lease and users' events need)."""
+        return self.live().filter(archived_at__isnull=True).exclude(status=Session.Status.TERMINATED)
 
 
 class Session(models.Model):
@@ -49,6 +59,8 @@ class Session(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     archived_at = models.DateTimeField(null=True, blank=True)
     deleted_at = models.DateTimeField(null=True, blank=True)
+
+    objects = SessionQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]

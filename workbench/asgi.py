@@ -28,23 +28,24 @@ class ApiHandler(ASGIHandler):
 
     The API authenticates by key, is CSRF-exempt and keeps no session, and under ASGI every sync
     middleware costs a hop to the request's thread and back (about 10 ms a request on 2 cores with the
-    seven the pages need). The views check the host themselves (`kernel.api.endpoint`).
+    seven the pages need). The views check the host themselves (`kernel.api.edge`).
     """
 
     def load_middleware(self, is_async: bool = False) -> None:
-        self._view_middleware = []
-        self._template_response_middleware = []
-        self._exception_middleware = []
-        get_response = self._get_response_async if is_async else self._get_response
+        self._view_middleware: list[Any] = []
+        self._template_response_middleware: list[Any] = []
+        self._exception_middleware: list[Any] = []
+        # Django's own handlers, which its type stubs leave out.
+        get_response = self._get_response_async if is_async else self._get_response  # type: ignore[attr-defined]
         self._middleware_chain = _json_errors(convert_exception_to_response(get_response))
 
 
 def _json_errors(get_response: Any) -> Any:
     """Django's own error pages are HTML; an API client gets every 5xx in the `/v1` envelope instead (a
-    view's errors are already enveloped by `kernel.api.endpoint`; these are the ones outside a view)."""
+    view's errors are already enveloped by `kernel.api.edge`; these are the ones outside a view)."""
     from asgiref.sync import iscoroutinefunction
 
-    from kernel.api.endpoint import internal_error
+    from kernel.api.edge import internal_error
 
     def enveloped(request: Any, response: Any) -> Any:
         if response.status_code < 500 or response.get("Content-Type", "").startswith("application/json"):

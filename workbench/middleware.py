@@ -1,4 +1,4 @@
-"""Middleware of the pages (not `/v1`, which checks its own parameters in `kernel.api.endpoint`)."""
+"""Middleware of the pages (not `/v1`, which checks its own parameters in `kernel.api.edge`)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from kernel.api.endpoint import error_response
+from kernel.api.edge import error_response
 from kernel.api.errors import NotFound
 
 

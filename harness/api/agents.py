@@ -1,31 +1,44 @@
-"""/v1/agents."""
-
-from __future__ import annotations
+"""/v1/agents (reference §4)."""
 
 from typing import Any
 
 from django.http import HttpRequest
+from ninja import Query, Router
 
 from harness.agents import agent_archive, agent_create, agent_json, agent_update, get_agent, get_agent_version
-from harness.models import Agent, AgentVersion
-from kernel.api.endpoint import endpoint
+from harness.api.schemas import (
+    Agent,
+    AgentCreate,
+    AgentList,
+    AgentsQuery,
+    AgentUpdate,
+    AgentVersionQuery,
+    VersionsQuery,
+)
+from harness.models import Agent as AgentRow
+from harness.models import AgentVersion
+from kernel.api.edge import answers
 from kernel.api.pagination import decode_cursor, encode_cursor, keyset_page
-from kernel.api.validation import query_bool, query_datetime_ranges, query_int
+from kernel.api.schemas import ERRORS
+
+router = Router(tags=["agents"])
 
 
-def agents_create(request: HttpRequest) -> dict[str, Any]:
-    return agent_json(agent_create(request.json))  # type: ignore[attr-defined]
+@router.post("/agents", response={200: Agent, **ERRORS})
+@answers
+def agents_create(request: HttpRequest, body: AgentCreate) -> dict[str, Any]:
+    return agent_json(agent_create(**body.given()))
 
 
-def agents_list(request: HttpRequest) -> dict[str, Any]:
-    params = request.GET
-    limit = query_int(params, "limit", default=20, minimum=1, maximum=100)
-    agents = Agent.objects.all()
-    if not query_bool(params, "include_archived"):
+@router.get("/agents", response={200: AgentList, **ERRORS})
+@answers
+def agents_list(request: HttpRequest, query: Query[AgentsQuery]) -> dict[str, Any]:
+    agents = AgentRow.objects.all()
+    if not query.include_archived:
         agents = agents.filter(archived_at__isnull=True)
-    for op, value in query_datetime_ranges(params, "created_at").items():
+    for op, value in query.created_ranges().items():
         agents = agents.filter(**{f"created_at__{op}": value})
-    page = keyset_page(agents, params, order="desc", limit=limit)
+    page = keyset_page(agents, query.page, order="desc", limit=query.limit)
     versions = {
         (v.agent_id, v.version): v
         for v in AgentVersion.objects.select_related("agent").filter(agent__in=page["rows"])
@@ -34,33 +47,32 @@ def agents_list(request: HttpRequest) -> dict[str, Any]:
     return {"data": data, "next_page": page["next_page"]}
 
 
-def agents_retrieve(request: HttpRequest, agent_id: str) -> dict[str, Any]:
-    version = request.GET.get("version")
-    number = query_int(request.GET, "version", default=0, minimum=1, maximum=10**9) if version else None
-    return agent_json(get_agent_version(agent_id, number))
+@router.get("/agents/{agent_id}", response={200: Agent, **ERRORS})
+@answers
+def agents_retrieve(request: HttpRequest, agent_id: str, query: Query[AgentVersionQuery]) -> dict[str, Any]:
+    return agent_json(get_agent_version(agent_id, query.version))
 
 
-def agents_update(request: HttpRequest, agent_id: str) -> dict[str, Any]:
-    return agent_json(agent_update(agent_id, request.json))  # type: ignore[attr-defined]
+@router.post("/agents/{agent_id}", response={200: Agent, **ERRORS})
+@answers
+def agents_update(request: HttpRequest, agent_id: str, body: AgentUpdate) -> dict[str, Any]:
+    return agent_json(agent_update(agent_id, **body.given()))
 
 
+@router.post("/agents/{agent_id}/archive", response={200: Agent, **ERRORS})
+@answers
 def agents_archive(request: HttpRequest, agent_id: str) -> dict[str, Any]:
     return agent_json(agent_archive(agent_id))
 
 
-def agent_versions_list(request: HttpRequest, agent_id: str) -> dict[str, Any]:
+@router.get("/agents/{agent_id}/versions", response={200: AgentList, **ERRORS})
+@answers
+def agent_versions_list(request: HttpRequest, agent_id: str, query: Query[VersionsQuery]) -> dict[str, Any]:
     agent = get_agent(agent_id)
-    limit = query_int(request.GET, "limit", default=20, minimum=1, maximum=100)
     versions = AgentVersion.objects.select_related("agent").filter(agent=agent).order_by("-version")
-    token = request.GET.get("page")
-    if token:
-        versions = versions.filter(version__lt=decode_cursor(token, expect_keys=("v",))["v"])
-    rows = list(versions[: limit + 1])
-    next_page = encode_cursor({"v": rows[limit - 1].version}) if len(rows) > limit else None
-    return {"data": [agent_json(v) for v in rows[:limit]], "next_page": next_page}
-
-
-collection = endpoint(GET=agents_list, POST=agents_create)
-item = endpoint(GET=agents_retrieve, POST=agents_update)
-archive = endpoint(POST=agents_archive)
-versions = endpoint(GET=agent_versions_list)
+    if query.page:
+        versions = versions.filter(version__lt=decode_cursor(query.page, expect_keys=("v",))["v"])
+    rows = list(versions[: query.limit + 1])
+    more = len(rows) > query.limit
+    next_page = encode_cursor({"v": rows[query.limit - 1].version}) if more else None
+    return {"data": [agent_json(v) for v in rows[: query.limit]], "next_page": next_page}

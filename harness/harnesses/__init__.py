@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from harness.harnesses.base import Harness, ToolUseHarness, pending
+from django.conf import settings
+
+from harness.harnesses.base import Harness, ParkingHarness, ToolUseHarness, pending
 from harness.harnesses.bash_only import BashOnlyHarness
 from harness.harnesses.claude import ClaudeHarness
 from harness.registry import HARNESS_DESCRIPTIONS
-from sandboxes.provisioning import provisioning_mode
 
 if TYPE_CHECKING:
     from harness.brain import Brain
@@ -18,12 +19,11 @@ assert set(HARNESSES) == set(HARNESS_DESCRIPTIONS), "every harness needs a descr
 
 
 def harness_for(brain: Brain) -> Harness:
-    """The session's harness: the last `brain.harness_switched` in its log, else the agent's own.
-
-    The agent and the environment (its provisioning mode, for the brain's eager hand) come with the lease.
-    """
+    """The session's harness: the last `brain.harness_switched` in its log, else the agent's own (the agent
+    comes with the lease). After too many wakes in a row died, the one that parks the session."""
+    if brain.lease.attempts > settings.WAKE_CRASH_LIMIT:
+        return ParkingHarness()
     agent = brain.lease.agent
-    brain.provisioning = provisioning_mode(brain.lease.environment)
     name = brain.state.harness or agent.get("harness") or "claude"
     return HARNESSES[name](agent)
 

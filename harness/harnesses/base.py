@@ -13,6 +13,8 @@ from harness.harnesses.steps import (
     CloseOrphanRequest,
     Compact,
     EndTurn,
+    Park,
+    RecordRecovery,
     Recover,
     RunTool,
 )
@@ -53,6 +55,8 @@ class ToolUseHarness:
         return []
 
     def next_step(self, state: SessionState, brain: Brain) -> Step | None:
+        if brain.lease.attempts > 1 and not state.written_at(brain.epoch):
+            return RecordRecovery()
         tools = self.tools()
         if state.open_request is not None and state.open_request.lease_epoch != brain.epoch:
             return CloseOrphanRequest(state.open_request)
@@ -94,6 +98,16 @@ class ToolUseHarness:
         if state.last_response_end is not None and not _idle_after_response(state):
             return EndTurn(reason=_stop_reason(state))
         return None
+
+
+class ParkingHarness:
+    """A wake's harness after WAKE_CRASH_LIMIT wakes in a row died: one step parks the session, then none. It
+    reads neither the agent nor the environment, since either may be what kills the wakes."""
+
+    name = "parking"
+
+    def next_step(self, state: SessionState, brain: Brain) -> Step | None:
+        return None if state.written_at(brain.epoch) else Park()
 
 
 def pending(state: SessionState) -> bool:

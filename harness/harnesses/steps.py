@@ -16,6 +16,7 @@ from kernel.errors import DomainError
 from kernel.ids import new_id
 from sandboxes.hands import execute, held, sandbox_provision, sandbox_terminate, sandbox_transfer
 from sandboxes.providers import SandboxError
+from sessions import events
 from sessions.broadcast import publish_preview
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 def _running(brain: Brain) -> None:
     if brain.state.status != "running":
-        brain.emit({"type": "session.status_running"})
+        brain.emit(events.status_running())
 
 
 def _ensure_hand(brain: Brain) -> None:
@@ -34,10 +35,6 @@ def _ensure_hand(brain: Brain) -> None:
         # A failure is recorded as sandbox.failed; the turn goes on and a tool call will say so.
         with contextlib.suppress(SandboxError):
             sandbox_provision(brain.session_id, emit=brain.emit)
-
-
-def _text(text: str) -> list[dict[str, str]]:
-    return [{"type": "text", "text": text}]
 
 
 @dataclass
@@ -55,29 +52,11 @@ class CallModel:
                 return self._attempt(brain)
             except ModelError as error:
                 last = attempt == settings.MODEL_RETRIES or not error.retryable
-                brain.emit(
-                    {
-                        "type": "session.error",
-                        "error": {
-                            "type": error.kind,
-                            "message": error.message,
-                            "retry_status": {
-                                "type": ("exhausted" if error.retryable else "terminal")
-                                if last
-                                else "retrying"
-                            },
-                        },
-                    }
-                )
+                retry: events.Retry = ("exhausted" if error.retryable else "terminal") if last else "retrying"
+                brain.emit(events.session_error(error.kind, error.message, retry=retry))
                 if last:
                     reason = "retries_exhausted" if error.retryable else "end_turn"
-                    brain.emit(
-                        {
-                            "type": "session.status_idle",
-                            "stop_reason": {"type": reason},
-                            "through_seq": brain.state.last_seq,
-                        }
-                    )
+                    brain.emit(events.status_idle(reason, through_seq=brain.state.last_seq))
                     return None
                 delay = min(settings.MODEL_RETRY_BASE_SECONDS * 2**attempt, 30.0)
                 if brain.interrupted.wait(delay):
@@ -85,13 +64,13 @@ class CallModel:
         return None
 
     def _attempt(self, brain: Brain) -> None:
-        events, prefix = context_events(
+        shown, prefix = context_events(
             brain.session_id, self.agent.get("context") or {"type": "full"}, brain.events
         )
         request: dict[str, Any] = {
             "model": self.agent["model"]["id"],
             "max_tokens": settings.MODEL_MAX_TOKENS,
-            "messages": messages_from_events(events, prefix=prefix),
+            "messages": messages_from_events(shown, prefix=prefix),
         }
         system = self.system
         if any(tool.kind == "hands" for tool in self.tools.values()):
@@ -103,8 +82,8 @@ class CallModel:
             request["tools"] = [tool.definition for tool in self.tools.values()]
         opening: list[tuple[dict[str, Any], str | None]] = []
         if brain.state.status != "running":
-            opening.append(({"type": "session.status_running"}, None))
-        opening.append(({"type": "span.model_request_start", "through_seq": brain.state.last_seq}, None))
+            opening.append((events.status_running(), None))
+        opening.append((events.model_request_start(through_seq=brain.state.last_seq), None))
         start = brain.emit_many(opening)[-1]
         message_id = new_id("sevt")
         started: set[int] = set()
@@ -140,13 +119,7 @@ class CallModel:
             )
         except (ModelError, Cancelled) as failure:
             brain.emit(
-                {
-                    "type": "span.model_request_end",
-                    "model_request_start_id": start.uid,
-                    "is_error": True,
-                    "model_usage": {},
-                    "error": getattr(failure, "message", "interrupted"),
-                },
+                events.model_request_end(start.uid, error=getattr(failure, "message", "interrupted")),
                 key=f"{start.uid}:end",
             )
             raise
@@ -196,13 +169,7 @@ class CallModel:
                 )
         items.append(
             (
-                {
-                    "type": "span.model_request_end",
-                    "model_request_start_id": start.uid,
-                    "is_error": False,
-                    "stop_reason": response.stop_reason,
-                    "model_usage": response.usage,
-                },
+                events.model_request_end(start.uid, stop_reason=response.stop_reason, usage=response.usage),
                 f"{start.uid}:end",
             )
         )
@@ -220,6 +187,7 @@ class RunTool:
         name, value = self.call.use.payload["name"], dict(self.call.use.payload.get("input") or {})
         if self.tool is None:
             return _finish(brain, self.call, f"Unknown tool {name!r}: this agent has no such tool.", True)
+        # The host's one check: only here are hands tools and `sandbox` seen, and no sandbox is provisioned yet.
         problem = input_problem(self.tool.definition["input_schema"], value)
         if problem:
             return _finish(brain, self.call, f"Invalid input for {name}: {problem}.", True)
@@ -273,9 +241,14 @@ def hands_note(session_id: str, *, logged: bool = True) -> str:
 
 
 def _finish(brain: Brain, call: ToolCall, text: str, is_error: bool) -> None:
+    brain.emit(events.tool_result(call.id, text, is_error=is_error), key=f"{call.id}:result")
+
+
+def _close_request(brain: Brain, start: Any) -> None:
+    """End a model request a dead brain started and never finished, as failed."""
     brain.emit(
-        {"type": "agent.tool_result", "tool_use_id": call.id, "content": _text(text), "is_error": is_error},
-        key=f"{call.id}:result",
+        events.model_request_end(start.uid, error="the worker stopped during this request"),
+        key=f"{start.uid}:end",
     )
 
 
@@ -297,22 +270,9 @@ class CloseOrphanRequest:
     start: Any
 
     def run(self, brain: Brain) -> None:
+        _close_request(brain, self.start)
         brain.emit(
-            {
-                "type": "span.model_request_end",
-                "model_request_start_id": self.start.uid,
-                "is_error": True,
-                "model_usage": {},
-                "error": "the worker stopped during this request",
-            },
-            key=f"{self.start.uid}:end",
-        )
-        brain.emit(
-            {
-                "type": "brain.recovered",
-                "closed_model_request": self.start.uid,
-                "previous_epoch": self.start.lease_epoch,
-            }
+            events.brain_recovered(closed_model_request=self.start.uid, previous_epoch=self.start.lease_epoch)
         )
 
 
@@ -322,11 +282,7 @@ class AwaitAction:
 
     def run(self, brain: Brain) -> None:
         brain.emit(
-            {
-                "type": "session.status_idle",
-                "stop_reason": {"type": "requires_action", "event_ids": self.event_ids},
-                "through_seq": brain.state.last_seq,
-            }
+            events.status_idle("requires_action", event_ids=self.event_ids, through_seq=brain.state.last_seq)
         )
 
 
@@ -338,14 +294,8 @@ class EndTurn:
     def run(self, brain: Brain) -> None:
         for call in self.close:
             _finish(brain, call, "Interrupted by the user before this call ran.", True)
-        brain.emit({"type": "session.usage", "usage": dict(brain.state.usage)})
-        brain.emit(
-            {
-                "type": "session.status_idle",
-                "stop_reason": {"type": self.reason},
-                "through_seq": brain.state.last_seq,
-            }
-        )
+        brain.emit(events.session_usage(brain.state.usage))
+        brain.emit(events.status_idle(self.reason, through_seq=brain.state.last_seq))
 
 
 @dataclass
@@ -358,12 +308,9 @@ class Recover:
     def run(self, brain: Brain) -> None:
         name = self.call.use.payload["name"]
         brain.emit(
-            {
-                "type": "brain.recovered",
-                "tool_use_id": self.call.id,
-                "tool": name,
-                "action": "re-run" if name in SAFE_TO_REPEAT else "closed",
-            }
+            events.brain_recovered(
+                tool_use_id=self.call.id, tool=name, action="re-run" if name in SAFE_TO_REPEAT else "closed"
+            )
         )
         if name in SAFE_TO_REPEAT and self.tool is not None:
             return RunTool(self.call, self.tool, recovering=True).run(brain)
@@ -374,6 +321,52 @@ class Recover:
                 "or may not have happened. Check the state before repeating it."
             ),
         ).run(brain)
+
+
+@dataclass
+class RecordRecovery:
+    """The first step of a wake that follows wakes which died: say so, and what woke this one."""
+
+    def run(self, brain: Brain) -> None:
+        brain.emit(
+            events.brain_recovered(
+                woken_by=brain.woken_by, epoch=brain.epoch, unfinished_wakes=brain.lease.attempts - 1
+            )
+        )
+
+
+@dataclass
+class Park:
+    """Too many wakes in a row died: close what the log holds open, tell the user, and leave the session idle
+    (a new message tries again)."""
+
+    def run(self, brain: Brain) -> None:
+        if brain.state.open_request is not None:
+            _close_request(brain, brain.state.open_request)
+        for call in brain.state.unanswered:
+            if not call.custom:
+                _finish(
+                    brain,
+                    call,
+                    "The session was parked after repeated worker crashes; this call's effect is unverified.",
+                    True,
+                )
+        for event in parked_notice(unfinished_wakes=brain.lease.attempts - 1):
+            brain.emit(event)
+        brain.emit(events.status_idle("retries_exhausted", through_seq=brain.state.last_seq))
+
+
+def parked_notice(*, unfinished_wakes: int) -> list[dict[str, Any]]:
+    """What a parked session's log says before its idle: the user's error, and the parking."""
+    limit = settings.WAKE_CRASH_LIMIT
+    message = (
+        f"The brain working this session stopped unexpectedly {limit} times in a row; the session is parked. "
+        "Send a new message to try again."
+    )
+    return [
+        events.session_error("unknown_error", message, retry="terminal"),
+        events.brain_parked(attempts=unfinished_wakes),
+    ]
 
 
 @dataclass
@@ -389,7 +382,7 @@ class Compact:
         messages = messages_from_events(older) + [
             {
                 "role": "user",
-                "content": _text(
+                "content": events.text_content(
                     "Summarise the conversation so far for your own later use: the task, what was done, what was "
                     "found, and what is left. Be complete but brief."
                 ),

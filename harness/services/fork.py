@@ -10,6 +10,7 @@ from harness.registry import validate_harness_name
 from harness.services.lifecycle import queue_wake_if_pending
 from kernel.errors import Invalid
 from kernel.ids import new_id
+from sessions import events
 from sessions.models import Event, Session
 from sessions.services.log import STATUS_BY_EVENT_TYPE, SessionNotFound, emit_event
 
@@ -24,7 +25,7 @@ def session_fork(
     The copies are new events (new ids, no lease epoch); the origin's log is not touched. A repository
     token stays with the session it was given to: the fork's repositories have none.
     """
-    origin = Session.objects.filter(id=session_id, deleted_at__isnull=True).first()
+    origin = Session.objects.live().filter(id=session_id).first()
     if origin is None:
         raise SessionNotFound(session_id)
     if not isinstance(at_seq, int) or isinstance(at_seq, bool) or not 0 <= at_seq <= origin.next_seq:
@@ -69,9 +70,9 @@ def session_fork(
             )
             status = next((_status(row) for row in reversed(rows) if _status(row)), status)
         Session.objects.filter(id=fork.id).update(next_seq=at_seq, status=status)
-        emit_event(fork.id, {"type": "fork.created", "from_session": origin.id, "through_seq": at_seq})
+        emit_event(fork.id, events.fork_created(origin.id, through_seq=at_seq))
         if harness is not None:
-            emit_event(fork.id, {"type": "brain.harness_switched", "harness": harness})
+            emit_event(fork.id, events.harness_switched(harness))
         queue_wake_if_pending(fork.id)
     fork.refresh_from_db()
     return fork

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from django.db import transaction
 from django.utils import timezone
@@ -13,11 +13,12 @@ from harness.agents import get_agent_version
 from harness.brain import has_pending_work
 from harness.registry import validate_harness_name
 from harness.tasks import queue_wake
-from kernel.api.validation import expect, metadata, no_unknown_fields, patch_metadata, text
-from kernel.errors import Invalid
+from kernel.api.validation import check_metadata, expect, no_unknown_fields, patch_metadata, text
+from kernel.errors import Closed, Invalid
 from kernel.ids import new_id
 from sandboxes.environments import get_environment
 from sandboxes.repositories import checked_repository
+from sessions import events
 from sessions.event_types import validate_sendable
 from sessions.models import Event, Session
 from sessions.services.log import SessionClosed, SessionNotFound, emit_event, emit_events
@@ -187,9 +188,7 @@ def _append_user_events(session_id: str, events: list[dict[str, Any]], *, open_o
 
 
 def _check_open(session_id: str) -> None:
-    session = (
-        Session.objects.filter(id=session_id, deleted_at__isnull=True).only("archived_at", "status").first()
-    )
+    session = Session.objects.live().filter(id=session_id).only("archived_at", "status").first()
     if session is None:
         raise SessionNotFound(session_id)
     if session.archived_at is not None:
@@ -198,54 +197,43 @@ def _check_open(session_id: str) -> None:
         raise SessionClosed(session_id, "terminated")
 
 
-def session_send_events(session_id: str, body: dict[str, Any]) -> list[Event]:
+def session_send_events(session_id: str, *, events: list[dict[str, Any]]) -> list[Event]:
     """All the events or none: each is checked before any is written.
 
     They go in with one append, which also sets the session running when they give its brain work, and
     which an archived or terminated session refuses. The events they refer to are checked first: the log
     is append-only, so an event found then is still there when the append runs.
     """
-    no_unknown_fields(body, ("events",), "body")
-    if "events" not in body:
-        raise Invalid("'events' is required: a list of events to send.")
-    events = expect(body["events"], list, "'events'")
     if not events:
         raise Invalid("'events' must hold at least one event.")
     events = [validate_sendable(event, f"events[{i}]") for i, event in enumerate(events)]
     if any(key in event for event in events for key in REFERENCES):
-        _check_open(
-            session_id
-        )  # a missing or closed session is what to report, not a reference it cannot hold
+        # A missing or closed session is what to report, not a reference it cannot hold.
+        _check_open(session_id)
         _check_references(session_id, events)
     return _append_user_events(session_id, events, open_only=True)
 
 
-def session_create(body: dict[str, Any]) -> Session:
-    no_unknown_fields(
-        body,
-        (
-            "agent",
-            "environment_id",
-            "budget",
-            "initial_events",
-            "metadata",
-            "resources",
-            "title",
-            "vault_ids",
-        ),
-        "session",
-    )
-    if "agent" not in body:
-        raise Invalid('\'agent\' is required: an agent id, or {"type": "agent", "id": …, "version": …}.')
-    agent_id, version, snapshot = _resolve_agent(body["agent"])
-    environment_id = text(body, "environment_id", required=True, min_length=1)
+def session_create(
+    *,
+    agent: str | dict[str, Any],
+    environment_id: str,
+    title: str | None = None,
+    metadata: dict[str, str] | None = None,
+    resources: list[dict[str, Any]] | None = None,
+    initial_events: list[dict[str, Any]] | None = None,
+    vault_ids: list[str] | None = None,
+    budget: dict[str, Any] | None = None,
+) -> Session:
+    """A session of `agent` (an id, or a reference with a version and overrides) in the environment."""
+    agent_id, version, snapshot = _resolve_agent(agent)
     environment = get_environment(environment_id)
     if environment.archived_at is not None:
-        raise Invalid(
+        raise Closed(
             f"Environment {environment_id} is archived; sessions cannot start in it.",
             code="environment_archived",
         )
-    initial = expect(body.get("initial_events", []), list, "'initial_events'")
+    initial = initial_events or []
     if len(initial) > 50:
         raise Invalid(f"'initial_events' may hold at most 50 events, not {len(initial)}.")
     initial = [validate_sendable(event, f"initial_events[{i}]") for i, event in enumerate(initial)]
@@ -258,11 +246,11 @@ def session_create(body: dict[str, Any]) -> Session:
             agent_version=version,
             agent_snapshot=snapshot,
             environment=environment,
-            title=text(body, "title", nullable=True, max_length=500, default=None),
-            metadata=dict(metadata(body.get("metadata", {}))),
-            resources=_resources(body.get("resources", [])),
-            vault_ids=_vault_ids(body.get("vault_ids", [])),
-            budget=_budget(body.get("budget")),
+            title=title,
+            metadata=dict(check_metadata(metadata or {})),
+            resources=_resources(resources or []),
+            vault_ids=_vault_ids(vault_ids or []),
+            budget=_budget(budget),
         )
         if initial:
             _append_user_events(session.id, initial, open_only=False)
@@ -270,29 +258,36 @@ def session_create(body: dict[str, Any]) -> Session:
     return session
 
 
-def session_update(session_id: str, body: dict[str, Any]) -> Session:
-    no_unknown_fields(
-        body, ("agent", "budget", "metadata", "title", "vault_ids", "harness"), "session update"
-    )
-    if "vault_ids" in body:
+class SessionChanges(TypedDict, total=False):
+    title: str | None
+    metadata: dict[str, str | None] | None
+    budget: dict[str, Any] | None
+    agent: dict[str, Any] | None
+    vault_ids: list[str] | None
+    harness: str | None
+
+
+def session_update(session_id: str, **changes: Unpack[SessionChanges]) -> Session:
+    """Change what was given; a new agent configuration or harness waits for the session to be idle."""
+    if "vault_ids" in changes:
         raise Invalid("Changing 'vault_ids' of a session is not supported yet; create a new session.")
     with transaction.atomic():
-        session = Session.objects.select_for_update().filter(id=session_id, deleted_at__isnull=True).first()
+        session = Session.objects.live().select_for_update().filter(id=session_id).first()
         if session is None:
             raise SessionNotFound(session_id)
         changed: dict[str, Any] = {}
-        if "title" in body:
-            session.title = changed["title"] = text(body, "title", nullable=True, max_length=500)
-        if "metadata" in body:
+        if "title" in changes:
+            session.title = changed["title"] = changes["title"]
+        if "metadata" in changes:
             session.metadata = changed["metadata"] = patch_metadata(
-                session.metadata, metadata(body["metadata"], patch=True)
+                session.metadata, check_metadata(changes["metadata"], patch=True)
             )
-        if "budget" in body:
-            session.budget = changed["budget"] = _budget(body["budget"])
-        if "agent" in body:
+        if "budget" in changes:
+            session.budget = changed["budget"] = _budget(changes["budget"])
+        if "agent" in changes:
             if session.status == Session.Status.RUNNING:
                 raise Invalid(f"Session {session_id} is running; change its agent when it is idle.")
-            overrides = expect(body["agent"], dict, "'agent'")
+            overrides = expect(changes["agent"], dict, "'agent'")
             no_unknown_fields(overrides, ("tools", "mcp_servers"), "agent")
             config = normalise_agent_config(overrides, current=session.agent_snapshot)
             session.agent_snapshot = {
@@ -301,25 +296,25 @@ def session_update(session_id: str, body: dict[str, Any]) -> Session:
                 "mcp_servers": config["mcp_servers"],
             }
             changed["agent"] = session.agent_snapshot
-        switch = validate_harness_name(body["harness"]) if "harness" in body else None
+        switch = validate_harness_name(changes["harness"]) if "harness" in changes else None
         if switch is not None and session.status == Session.Status.RUNNING:
             raise Invalid(f"Session {session_id} is running; switch its harness between turns, when idle.")
         session.save()
         if changed:
-            emit_event(session.id, {"type": "session.updated", **changed})
+            emit_event(session.id, events.session_updated(**changed))
         if switch is not None:
-            emit_event(session.id, {"type": "brain.harness_switched", "harness": switch})
+            emit_event(session.id, events.harness_switched(switch))
     return session
 
 
 def session_archive(session_id: str) -> Session:
     with transaction.atomic():
-        session = Session.objects.select_for_update().filter(id=session_id, deleted_at__isnull=True).first()
+        session = Session.objects.live().select_for_update().filter(id=session_id).first()
         if session is None:
             raise SessionNotFound(session_id)
         if session.archived_at is None:
             if session.status != Session.Status.TERMINATED:
-                emit_event(session.id, {"type": "session.status_terminated"})
+                emit_event(session.id, events.status_terminated())
             Session.objects.filter(id=session.id).update(archived_at=timezone.now())
         session.refresh_from_db()
     return session
@@ -328,12 +323,12 @@ def session_archive(session_id: str) -> Session:
 def session_delete(session_id: str) -> dict[str, str]:
     """Recorded in the log, then hidden from the API; no event is removed."""
     with transaction.atomic():
-        session = Session.objects.select_for_update().filter(id=session_id, deleted_at__isnull=True).first()
+        session = Session.objects.live().select_for_update().filter(id=session_id).first()
         if session is None:
             raise SessionNotFound(session_id)
         if session.status != Session.Status.TERMINATED:
-            emit_event(session.id, {"type": "session.status_terminated"})
-        emit_event(session.id, {"type": "session.deleted"})
+            emit_event(session.id, events.status_terminated())
+        emit_event(session.id, events.session_deleted())
         Session.objects.filter(id=session.id).update(deleted_at=timezone.now())
     return {"id": session_id, "type": "session_deleted"}
 

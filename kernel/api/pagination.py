@@ -35,14 +35,13 @@ def decode_cursor(token: str, *, expect_keys: tuple[str, ...]) -> dict[str, Any]
 
 
 def keyset_page(
-    queryset: Any, params: Any, *, order: str, limit: int, bidirectional: bool = False
+    queryset: Any, token: str | None, *, order: str, limit: int, bidirectional: bool = False
 ) -> dict[str, Any]:
     """One page of rows ordered by `(created_at, id)` in `order`, with opaque cursors to either side.
 
     Returns `{"rows", "next_page", "prev_page"}`; `prev_page` is only computed when `bidirectional`.
     """
     direction = "next"
-    token = params.get("page")
     if token:
         position = decode_cursor(token, expect_keys=("c", "i", "d", "o"))
         if position["o"] != order:

@@ -25,7 +25,7 @@ MAX_BODY_DEPTH = 64
 _TYPE_NAMES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer"}
 
 
-def _describe(value: Any) -> str:
+def describe(value: Any) -> str:
     if value is None:
         return "null"
     return {
@@ -101,7 +101,7 @@ def expect(value: Any, kind: type, where: str, *, nullable: bool = False) -> Any
         return None
     ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
     if not ok:
-        raise Invalid(f"{where} must be {_TYPE_NAMES.get(kind, kind.__name__)}, not {_describe(value)}.")
+        raise Invalid(f"{where} must be {_TYPE_NAMES.get(kind, kind.__name__)}, not {describe(value)}.")
     return value
 
 
@@ -157,7 +157,7 @@ def text(
     return value
 
 
-def metadata(value: Any, where: str = "metadata", *, patch: bool = False) -> dict[str, Any]:
+def check_metadata(value: Any, where: str = "metadata", *, patch: bool = False) -> dict[str, Any]:
     """Up to 16 string pairs, keys ≤ 64 and values ≤ 512 characters; a patch may delete with null."""
     expect(value, dict, f"'{where}'")
     if len(value) > 16:
@@ -169,7 +169,7 @@ def metadata(value: Any, where: str = "metadata", *, patch: bool = False) -> dic
             continue
         if not isinstance(item, str):
             raise Invalid(
-                f"'{where}.{key}' must be a string{' or null' if patch else ''}, not {_describe(item)}."
+                f"'{where}.{key}' must be a string{' or null' if patch else ''}, not {describe(item)}."
             )
         if len(item) > 512:
             raise Invalid(f"'{where}.{key}' must be at most 512 characters.")
@@ -225,11 +225,11 @@ def query_datetime_ranges(params: Mapping[str, str], key: str) -> dict[str, date
     for op in ("gt", "gte", "lt", "lte"):
         raw = params.get(f"{key}[{op}]")
         if raw is not None:
-            ranges[op] = _query_time(raw.replace(" ", "+"), f"{key}[{op}]")  # a zone's "+" arrives as a space
+            ranges[op] = query_time(raw.replace(" ", "+"), f"{key}[{op}]")  # a zone's "+" arrives as a space
     return ranges
 
 
-def _query_time(raw: str, name: str) -> datetime:
+def query_time(raw: str, name: str) -> datetime:
     """An aware datetime the database can take: a day that exists, and in UTC still inside years 1 to 9999."""
     try:
         value = parse_datetime(raw)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
 from functools import partial
 from typing import Any
 
@@ -16,8 +19,10 @@ from psycopg.types.json import Jsonb
 from kernel.api.validation import NOT_TEXT
 from kernel.errors import Closed, NotFound
 from kernel.ids import new_id
+from sessions import statements
 from sessions.broadcast import publish_event
 from sessions.models import Event, Session
+from sessions.statements import APPEND, APPEND_KEYED
 
 # Status events set the session's status in the transaction that appends them.
 STATUS_BY_EVENT_TYPE = {
@@ -52,61 +57,15 @@ class StaleEpoch(Exception):
         self.session_id, self.epoch, self.current = session_id, epoch, current
 
 
-_COLUMNS = "(uid, session_id, seq, type, payload, processed_at, idempotency_key, lease_epoch)"
-_LOCK_AND_BUMP = (
-    "UPDATE agent_sessions_session SET next_seq = next_seq + %s, updated_at = %s "
-    "WHERE id = %s AND deleted_at IS NULL RETURNING next_seq, lease_epoch, archived_at, status"
-)
-_UNBUMP = "UPDATE agent_sessions_session SET next_seq = next_seq - %s WHERE id = %s RETURNING next_seq"
-_SET_STATUS = "UPDATE agent_sessions_session SET status = %s WHERE id = %s RETURNING id"
-_USED_KEYS = "SELECT 1 FROM agent_sessions_event WHERE session_id = %s AND idempotency_key IN ({}) LIMIT 1"
+class Appended(StrEnum):
+    """How an append ended (the refused ones carry why)."""
 
-
-# The whole append as one statement, so that alone it is one round trip and its own transaction. The
-# UPDATE locks the session row; under READ COMMITTED it re-checks the epoch (and, for a user's events,
-# that the session is open) on the row's latest version if it had to wait. A stale epoch, a deleted or
-# closed session or (with keys) a key already used leaves `bump` empty, so nothing is written (the
-# caller then asks why). A key written by a transaction that committed while this one waited for the
-# lock is not in this statement's snapshot: the unique key then refuses the insert, and the caller falls
-# back to the statements above, which look again under the lock.
-def _append_statement(keyed: bool) -> str:
-    # Keys are looked up one by one through the unique (session, key) index (the LIMIT keeps the lookup a
-    # nested loop). A plain `key = ANY(keys)`, or a join, was planned from a small table's statistics and
-    # kept (psycopg prepares the statement) as a pass over every index entry of the session, so appends
-    # slowed as the session grew. Appends without keys skip the lookup.
-    used = (
-        (
-            "used AS (SELECT 1 FROM unnest(%(keys)s::varchar[]) AS k(key), LATERAL (SELECT 1 FROM "
-            "agent_sessions_event e WHERE e.session_id = %(session)s::varchar AND e.idempotency_key = k.key "
-            "LIMIT 1) AS hit LIMIT 1), "
-        )
-        if keyed
-        else ""
-    )
-    return (
-        f"WITH {used}"
-        "bump AS (UPDATE agent_sessions_session SET next_seq = next_seq + %(count)s, updated_at = %(now)s, "
-        "status = COALESCE(%(status)s::text, status) WHERE id = %(session)s::varchar AND deleted_at IS NULL "
-        f"{'AND NOT EXISTS (SELECT 1 FROM used) ' if keyed else ''}"
-        "AND (%(epoch)s::bigint IS NULL OR lease_epoch = %(epoch)s::bigint) "
-        "AND (NOT %(open_only)s::boolean OR (archived_at IS NULL AND status <> 'terminated')) RETURNING next_seq), "
-        f"inserted AS (INSERT INTO agent_sessions_event {_COLUMNS} "
-        "SELECT r.uid, %(session)s, bump.next_seq - %(count)s + r.n - 1, r.type, r.payload, %(now)s, r.key, "
-        "%(epoch)s::bigint FROM bump, unnest(%(uids)s::text[], %(types)s::text[], %(payloads)s::jsonb[], "
-        "%(event_keys)s::text[]) WITH ORDINALITY AS r(uid, type, payload, key, n) RETURNING id, seq) "
-        "SELECT (SELECT next_seq FROM bump), ARRAY(SELECT id FROM inserted ORDER BY seq)"
-    )
-
-
-APPEND, APPEND_KEYED = _append_statement(keyed=False), _append_statement(keyed=True)
-_CURRENT_STATE = (
-    "SELECT lease_epoch, archived_at, status FROM agent_sessions_session WHERE id = %s AND deleted_at IS NULL"
-)
-
-
-def insert_sql(count: int) -> str:
-    rows = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * count)
-    return f"INSERT INTO agent_sessions_event {_COLUMNS} VALUES {rows} RETURNING id"
+    NEW = "new"
+    EXISTING = "existing"  # its keys were used: the events first written with them
+    STALE = "stale"  # the epoch is not the lease's: the current epoch
+    CLOSED = "closed"  # a user's events to an archived or terminated session: which
+    MISSING = "missing"
+    LOOK_AGAIN = "look again"  # the one statement found a key or id taken: settle it under the lock
 
 
 def storable(value: Any) -> Any:
@@ -137,6 +96,22 @@ def _escape(found: re.Match[str]) -> str:
 
 Item = tuple[dict[str, Any], str | None]
 Rows = list[tuple[str, str, dict[str, Any], str | None]]  # (type, uid, payload, key) of each event
+
+
+@dataclass(frozen=True)
+class _Append:
+    """One append, as its statements take it."""
+
+    session_id: str
+    rows: Rows
+    now: datetime
+    epoch: int | None
+    status: str | None
+    open_only: bool
+
+    @property
+    def keys(self) -> list[str]:
+        return [key for *_, key in self.rows if key is not None]
 
 
 def emit_event(
@@ -177,25 +152,17 @@ def emit_events(
         body.pop("processed_at", None)
         rows.append((event_type, uid, body, key))
     db = connections[DEFAULT_DB_ALIAS]
-    now = timezone.now()
-    how = {
-        "session_id": session_id,
-        "rows": rows,
-        "now": now,
-        "epoch": epoch,
-        "status": status or _final_status(rows),
-        "open_only": open_only,
-    }
+    append = _Append(session_id, rows, timezone.now(), epoch, status or _final_status(rows), open_only)
     try:
         if db.vendor == "postgresql" and not db.in_atomic_block:
             # Alone, an append is its own transaction: run it on psycopg's, skipping Django's bookkeeping.
             db.ensure_connection()
             with db.wrap_database_errors:
-                outcome, result = _append_at_once(db, **how)
-                if outcome == "look again":
+                outcome, result = _append_at_once(db, append)
+                if outcome is Appended.LOOK_AGAIN:
                     with db.connection.transaction():
-                        outcome, result = _append(db, **how)
-            if outcome == "new":
+                        outcome, result = _append(db, append)
+            if outcome is Appended.NEW:
                 try:
                     if then is not None:
                         then()
@@ -206,8 +173,8 @@ def emit_events(
             # Inside a caller's transaction no savepoint is taken: an append that is refused undoes its own
             # bump and raises only once its block is left, so the caller's transaction stays usable.
             with transaction.atomic(savepoint=False):
-                outcome, result = _append(db, **how)
-                if outcome == "new":
+                outcome, result = _append(db, append)
+                if outcome is Appended.NEW:
                     if then is not None:
                         transaction.on_commit(then)
                     for created in result:
@@ -218,93 +185,88 @@ def emit_events(
         if chosen and not db.in_atomic_block and Event.objects.filter(uid__in=chosen).exists():
             raise ValueError(f"An event with one of the ids {chosen} already exists.") from None
         raise
-    if outcome == "missing":
+    if outcome is Appended.MISSING:
         raise SessionNotFound(session_id)
-    if outcome == "stale":
+    if outcome is Appended.STALE:
         raise StaleEpoch(session_id, epoch or 0, result)
-    if outcome == "closed":
+    if outcome is Appended.CLOSED:
         raise SessionClosed(session_id, result)
     return result
 
 
-def _append_at_once(
-    db: Any, *, session_id: str, rows: Rows, now: Any, epoch: int | None, status: str | None, open_only: bool
-) -> tuple[str, Any]:
+def _append_at_once(db: Any, append: _Append) -> tuple[Appended, Any]:
     """The append as one statement (`APPEND`, or `APPEND_KEYED`) on PostgreSQL, outside any transaction.
 
-    Returns `_append`'s outcomes, or ("look again", None) when a key or id turned out to be taken, for
-    `_append` to settle under the lock."""
-    keys = [key for *_, key in rows if key is not None]
+    Returns `_append`'s outcomes, or LOOK_AGAIN when a key or id turned out to be taken, for `_append` to
+    settle under the lock."""
+    rows, keys = append.rows, append.keys
     cursor = psycopg.Cursor(db.connection)
     try:
-        next_seq, ids = cursor.execute(
+        [(next_seq, ids)] = cursor.execute(
             APPEND_KEYED if keys else APPEND,
             {
-                "session": session_id,
+                "session": append.session_id,
                 "count": len(rows),
-                "now": now,
-                "epoch": epoch,
+                "now": append.now,
+                "epoch": append.epoch,
                 "keys": keys,
-                "status": status,
-                "open_only": open_only,
+                "status": append.status,
+                "open_only": append.open_only,
                 "uids": [uid for _, uid, _, _ in rows],
                 "types": [kind for kind, *_ in rows],
                 "payloads": [Jsonb(body) for _, _, body, _ in rows],
                 "event_keys": [key for *_, key in rows],
             },
-        ).fetchone()
+        ).fetchall()
     except psycopg.errors.UniqueViolation:
-        return "look again", None
+        return Appended.LOOK_AGAIN, None
     if next_seq is not None:
-        return "new", _events(db, session_id, rows, next_seq - len(rows), ids, now, epoch)
-    current = cursor.execute(_CURRENT_STATE, [session_id]).fetchall()
+        return Appended.NEW, _events(db, append, next_seq - len(rows), ids)
+    current = cursor.execute(statements.CURRENT_STATE, [append.session_id]).fetchall()
     if not current:
-        return "missing", None
+        return Appended.MISSING, None
     lease_epoch, archived_at, session_status = current[0]
-    if epoch is not None and lease_epoch != epoch:
-        return "stale", lease_epoch
-    if open_only and (closed := _closed(archived_at, session_status)):
-        return "closed", closed
-    existing = _first_written(session_id, rows, keys)
-    return ("existing", existing) if existing else ("look again", None)
+    if append.epoch is not None and lease_epoch != append.epoch:
+        return Appended.STALE, lease_epoch
+    if append.open_only and (closed := _closed(archived_at, session_status)):
+        return Appended.CLOSED, closed
+    existing = _first_written(append.session_id, rows, keys)
+    return (Appended.EXISTING, existing) if existing else (Appended.LOOK_AGAIN, None)
 
 
-def _append(
-    db: Any, *, session_id: str, rows: Rows, now: Any, epoch: int | None, status: str | None, open_only: bool
-) -> tuple[str, Any]:
+def _append(db: Any, append: _Append) -> tuple[Appended, Any]:
     """The statements of one append, inside the caller's transaction.
 
-    Returns ("new", events), ("existing", the events first written with the keys), ("stale", the current
-    epoch), ("closed", "archived" or "terminated") or ("missing", None); a refused append has undone its
-    bump.
+    Returns NEW and the events, EXISTING and the events first written with the keys, STALE and the current
+    epoch, CLOSED and "archived" or "terminated", or MISSING; a refused append has undone its bump.
     """
     fetch = _statements(db)
-    count = len(rows)
-    bumped = fetch(_LOCK_AND_BUMP, [count, now, session_id])
+    session_id, rows, count = append.session_id, append.rows, len(append.rows)
+    bumped = fetch(statements.LOCK_AND_BUMP, [count, append.now, session_id])
     if not bumped:
-        return "missing", None
+        return Appended.MISSING, None
     next_seq, lease_epoch, archived_at, session_status = bumped[0]
-    if epoch is not None and epoch != lease_epoch:
-        fetch(_UNBUMP, [count, session_id])
-        return "stale", lease_epoch
-    if open_only and (closed := _closed(archived_at, session_status)):
-        fetch(_UNBUMP, [count, session_id])
-        return "closed", closed
-    keys = [key for *_, key in rows if key is not None]
-    if keys and fetch(_USED_KEYS.format(", ".join(["%s"] * len(keys))), [session_id, *keys]):
+    if append.epoch is not None and append.epoch != lease_epoch:
+        fetch(statements.UNBUMP, [count, session_id])
+        return Appended.STALE, lease_epoch
+    if append.open_only and (closed := _closed(archived_at, session_status)):
+        fetch(statements.UNBUMP, [count, session_id])
+        return Appended.CLOSED, closed
+    keys = append.keys
+    if keys and fetch(statements.used_keys(len(keys)), [session_id, *keys]):
         existing = _first_written(session_id, rows, keys)
         if existing:
-            fetch(_UNBUMP, [count, session_id])
-            return "existing", existing
-    if status:
-        fetch(_SET_STATUS, [status, session_id])
+            fetch(statements.UNBUMP, [count, session_id])
+            return Appended.EXISTING, existing
+    if append.status:
+        fetch(statements.SET_STATUS, [append.status, session_id])
     first = next_seq - count
     params: list[Any] = []
     for offset, (kind, uid, body, key) in enumerate(rows):
         payload = Jsonb(body) if db.vendor == "postgresql" else json.dumps(body)
-        params += [uid, session_id, first + offset, kind, payload, now, key, epoch]
-    ids = fetch(insert_sql(count), params)
-    return "new", _events(db, session_id, rows, first, [pk for (pk,) in ids], now, epoch)
+        params += [uid, session_id, first + offset, kind, payload, append.now, key, append.epoch]
+    ids = fetch(statements.insert(count), params)
+    return Appended.NEW, _events(db, append, first, [pk for (pk,) in ids])
 
 
 def _first_written(session_id: str, rows: Rows, keys: list[str]) -> list[Event]:
@@ -333,22 +295,20 @@ def _final_status(rows: Rows) -> str | None:
     return statuses[-1] if statuses else None
 
 
-def _events(
-    db: Any, session_id: str, rows: Rows, first: int, ids: list[int], now: Any, epoch: int | None
-) -> list[Event]:
+def _events(db: Any, append: _Append, first: int, ids: list[int]) -> list[Event]:
     """The appended rows as saved `Event`s, without reading them back."""
     created = []
-    for pk, offset, (kind, uid, body, key) in zip(ids, range(len(rows)), rows, strict=True):
+    for pk, offset, (kind, uid, body, key) in zip(ids, range(len(append.rows)), append.rows, strict=True):
         event = Event(
             id=pk,
             uid=uid,
-            session_id=session_id,
+            session_id=append.session_id,
             seq=first + offset,
             type=kind,
             payload=body,
-            processed_at=now,
+            processed_at=append.now,
             idempotency_key=key,
-            lease_epoch=epoch,
+            lease_epoch=append.epoch,
         )
         event._state.adding = False
         event._state.db = db.alias

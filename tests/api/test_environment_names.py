@@ -67,7 +67,7 @@ def test_creates_racing_for_one_name_let_exactly_one_in():
     def create() -> None:
         start.wait()
         try:
-            environment_create({"name": "contested"})
+            environment_create(**{"name": "contested"})
             outcomes.append("created")
         except Conflict:
             outcomes.append("conflict")

@@ -131,7 +131,7 @@ def test_the_sweeper_keeps_at_most_one_wake_queued_per_session(transactional_db,
     from harness.tasks import sweep
 
     session = session_create(
-        {
+        **{
             "agent": make_agent(),
             "environment_id": make_environment(),
             "initial_events": [{"type": "user.message", "content": [{"type": "text", "text": "hello"}]}],

@@ -168,7 +168,7 @@ MALFORMED = [
 def stored_malformed() -> str:
     """A session whose row holds resources an older API let through (written directly)."""
     session_id = session_create(
-        {
+        **{
             "agent": make_agent(tools=[{"type": "agent_toolset_20260401"}]),
             "environment_id": make_environment(),
         }
@@ -208,14 +208,12 @@ def test_a_wake_with_a_malformed_stored_resource_logs_a_session_error_and_goes_i
             session_id = stored_malformed()
             session_send_events(
                 session_id,
-                {
-                    "events": [
-                        {
-                            "type": "user.message",
-                            "content": [{"type": "text", "text": "/bash ls /workspace | wc -l"}],
-                        }
-                    ]
-                },
+                events=[
+                    {
+                        "type": "user.message",
+                        "content": [{"type": "text", "text": "/bash ls /workspace | wc -l"}],
+                    }
+                ],
             )
             assert run_brain(session_id) == "idle"
         finally:

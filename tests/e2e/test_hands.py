@@ -18,8 +18,8 @@ def test_a_sandbox_passed_to_another_session_is_used_there_with_the_files_the_fi
 ):
     base = live_server_url
     agent_id, environment_id = make_agent(tools=TOOLSET), make_environment(name="docker")
-    first = session_create({"agent": agent_id, "environment_id": environment_id, "title": "writer"}).id
-    second = session_create({"agent": agent_id, "environment_id": environment_id, "title": "reader"}).id
+    first = session_create(**{"agent": agent_id, "environment_id": environment_id, "title": "writer"}).id
+    second = session_create(**{"agent": agent_id, "environment_id": environment_id, "title": "reader"}).id
 
     log_in(page, base, then=f"/sessions/{first}/")
     send(page, "/bash echo note-from-the-writer > /workspace/note.txt && cat /workspace/note.txt")

@@ -101,7 +101,7 @@ def test_a_fork_from_an_event_copies_the_log_before_it_and_a_brain_answers_in_th
 ):
     base = live_server_url
     origin = session_create(
-        {"agent": make_agent(tools=TOOLSET), "environment_id": make_environment(), "title": "origin"}
+        **{"agent": make_agent(tools=TOOLSET), "environment_id": make_environment(), "title": "origin"}
     ).id
     log_in(page, base, then=f"/sessions/{origin}/")
     send(page, "first question")

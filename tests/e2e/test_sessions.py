@@ -138,7 +138,7 @@ def test_a_tool_that_asks_is_allowed_or_denied_and_a_custom_tool_is_answered_fro
     agent_id = make_agent(tools=tools)
     from harness.services.lifecycle import session_create
 
-    session = session_create({"agent": agent_id, "environment_id": make_environment()})
+    session = session_create(**{"agent": agent_id, "environment_id": make_environment()})
     log_in(page, base, then=f"/sessions/{session.id}/")
 
     send(page, "/bash echo allowed-run")

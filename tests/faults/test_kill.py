@@ -291,7 +291,7 @@ def test_two_workers_woken_at_once_leave_one_epoch_per_turn(cluster):
     for i in range(3):
         session_send_events(
             session_id,
-            {"events": [{"type": "user.message", "content": [{"type": "text", "text": f"turn {i}"}]}]},
+            events=[{"type": "user.message", "content": [{"type": "text", "text": f"turn {i}"}]}],
         )
         for worker in workers:
             wake.apply_async((session_id,), queue=worker.queue)
@@ -425,7 +425,7 @@ def test_a_session_whose_wakes_keep_dying_is_parked_idle(cluster):
 
     cluster.model.set_latency(ttft_ms=0)
     session_send_events(
-        session_id, {"events": [{"type": "user.message", "content": [{"type": "text", "text": "again"}]}]}
+        session_id, events=[{"type": "user.message", "content": [{"type": "text", "text": "again"}]}]
     )
     wait_settled(cluster, session_id)
     events = check_log(session_id)

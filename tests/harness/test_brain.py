@@ -18,12 +18,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def session_with(**agent) -> str:
-    return session_create({"agent": make_agent(**agent), "environment_id": make_environment()}).id
+    return session_create(**{"agent": make_agent(**agent), "environment_id": make_environment()}).id
 
 
 def say(session_id: str, text: str) -> None:
     session_send_events(
-        session_id, {"events": [{"type": "user.message", "content": [{"type": "text", "text": text}]}]}
+        session_id, events=[{"type": "user.message", "content": [{"type": "text", "text": text}]}]
     )
 
 
@@ -157,7 +157,7 @@ def test_compaction_summarises_older_events_and_keeps_them(model_url):
 
 
 def test_a_later_wake_reads_only_new_events_and_folds_the_same_state_as_a_fresh_read(model_url):
-    from harness.brain import known_logs
+    from harness.cache import known_logs
     from harness.fold import fold
     from sessions.services import emit_event
 
@@ -169,7 +169,7 @@ def test_a_later_wake_reads_only_new_events_and_folds_the_same_state_as_a_fresh_
     say(session_id, "second")
     from django.db import connection
 
-    known_before = known_logs._logs[session_id][1].last_seq
+    known_before = known_logs._logs[session_id].state.last_seq
     reads: list[tuple[str, list]] = []
 
     def note(execute, sql, params, many, context):

@@ -27,12 +27,12 @@ def sandboxed(model_url, docker_engine):
 
 
 def new_session(**agent) -> str:
-    return session_create({"agent": make_agent(**agent), "environment_id": make_environment()}).id
+    return session_create(**{"agent": make_agent(**agent), "environment_id": make_environment()}).id
 
 
 def say(session_id: str, text: str) -> None:
     session_send_events(
-        session_id, {"events": [{"type": "user.message", "content": [{"type": "text", "text": text}]}]}
+        session_id, events=[{"type": "user.message", "content": [{"type": "text", "text": text}]}]
     )
 
 

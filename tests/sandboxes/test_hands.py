@@ -35,14 +35,14 @@ def brains(offline_model, docker_engine):
 
 def new_session(environment_id: str | None = None) -> str:
     return session_create(
-        {"agent": make_agent(tools=TOOLSET), "environment_id": environment_id or make_environment()}
+        **{"agent": make_agent(tools=TOOLSET), "environment_id": environment_id or make_environment()}
     ).id
 
 
 def turn(session_id: str, text: str) -> list:
     before = len(get_events(session_id))
     session_send_events(
-        session_id, {"events": [{"type": "user.message", "content": [{"type": "text", "text": text}]}]}
+        session_id, events=[{"type": "user.message", "content": [{"type": "text", "text": text}]}]
     )
     assert run_brain(session_id) == "idle"
     return get_events(session_id, before)
@@ -120,7 +120,7 @@ def test_a_brain_holds_several_named_hands_and_can_pass_one(brains):
     )
     session_send_events(
         session_id,
-        {"events": [{"type": "user.tool_confirmation", "tool_use_id": use.uid, "result": "allow"}]},
+        events=[{"type": "user.tool_confirmation", "tool_use_id": use.uid, "result": "allow"}],
     )
     assert run_brain(session_id) == "idle"
     assert not results(get_events(session_id, use.seq))[0][1]
@@ -195,7 +195,7 @@ def test_no_container_is_left_behind_after_a_worker_dies_mid_call_and_the_reaper
     session_id = new_session()
     session_send_events(
         session_id,
-        {"events": [{"type": "user.message", "content": [{"type": "text", "text": "/bash sleep 60"}]}]},
+        events=[{"type": "user.message", "content": [{"type": "text", "text": "/bash sleep 60"}]}],
     )
     env = child_env(ANTHROPIC_BASE_URL=brains.base_url, SANDBOX_PROVIDER="docker")
     worker = subprocess.Popen(
@@ -278,7 +278,11 @@ def test_a_session_repository_is_cloned_into_its_sandbox_before_the_first_call_i
             {"type": "github_repository", "url": server.url("missing.git")},
         ]
         session_id = session_create(
-            {"agent": make_agent(tools=TOOLSET), "environment_id": environment_id, "resources": repositories}
+            **{
+                "agent": make_agent(tools=TOOLSET),
+                "environment_id": environment_id,
+                "resources": repositories,
+            }
         ).id
         events = turn(session_id, "/bash cat app/README.md; git -C app log --oneline | wc -l; stat -c %U app")
     kinds = [e.type for e in events]

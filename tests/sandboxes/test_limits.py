@@ -148,13 +148,13 @@ def brains(offline_model):
 
 def new_session(**sandbox: object) -> str:
     environment = make_environment(config=sandbox_config(**sandbox))
-    return session_create({"agent": make_agent(tools=TOOLSET), "environment_id": environment}).id
+    return session_create(**{"agent": make_agent(tools=TOOLSET), "environment_id": environment}).id
 
 
 def turn(session_id: str, text: str) -> list[tuple[str, bool]]:
     before = len(get_events(session_id))
     session_send_events(
-        session_id, {"events": [{"type": "user.message", "content": [{"type": "text", "text": text}]}]}
+        session_id, events=[{"type": "user.message", "content": [{"type": "text", "text": text}]}]
     )
     assert run_brain(session_id) == "idle"
     return [
@@ -296,7 +296,7 @@ def test_provisionings_racing_for_the_last_places_cannot_pass_the_cap(brains, do
             time.sleep(0.05)
     for thread in threads:
         thread.join(120)
-    assert sorted(outcomes) == ["InvalidRequest", "InvalidRequest", "provisioned", "provisioned"]
+    assert sorted(outcomes) == ["Invalid", "Invalid", "provisioned", "provisioned"]
     assert Sandbox.objects.filter(session_id=session_id, status="ready").count() == 2
 
 

@@ -8,7 +8,9 @@ the client checks who listens before it sends a call. A hand that changes sessio
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ import pytest
 
 from sandboxes.providers.base import Provider, SandboxError, SandboxGone, ToolFailed, ToolInputError
 from sandboxes.providers.docker import DockerProvider
-from sandboxes.toolbox.bundle import archive
+from sandboxes.toolbox.bundle import CLIENT_COMMAND, archive
 from sandboxes.toolbox.client import SOCKET_PATH
 
 from .conftest import Sandbox, provisioned, sandbox_resources
@@ -120,6 +122,30 @@ def test_the_client_refuses_a_listener_that_is_not_the_root_supervisor(sandbox: 
     _until(lambda: as_root(provider, sandbox.handle, ["ls", "/tmp"]).split().count("fake.ready") == 1)
     with pytest.raises(SandboxError, match=r"uid 1000, not root.*refused"):
         sandbox.bash("echo hi")
+
+
+@pytest.mark.parametrize(
+    ("tool", "input", "message"),
+    [
+        ("write", {"file_path": "x", "content": 3}, "input.content must be of type string"),
+        ("write", {"file_path": "x", "content": "", "mode": "x"}, "input has no field 'mode'"),
+        ("bash", {"command": "touch x", "timeout_ms": -1}, "input.timeout_ms must be at least 1"),
+        ("bash", "touch x", "input must be of type object"),
+        ("paint", {"file_path": "x"}, "unknown tool 'paint'"),
+    ],
+)
+def test_the_daemon_refuses_malformed_input_sent_straight_to_its_socket(
+    sandbox: Sandbox, tool: str, input: Any, message: str
+) -> None:
+    """The toolbox is a boundary: a request that no brain checked is checked there, by the same table."""
+    provider = sandbox.provider
+    assert isinstance(provider, DockerProvider)
+    sandbox.bash("true")
+    request = json.dumps({"id": "direct", "tool": tool, "input": input, "timeout": 5})
+    relay = ["sh", "-c", f'printf %s "$1" | {shlex.join(CLIENT_COMMAND)}', "sh", request]
+    reply = json.loads(as_root(provider, sandbox.handle, relay))
+    assert reply["ok"] is False and reply["error"] == "input" and reply["message"].startswith(message)
+    assert sandbox.bash("ls -A /workspace") == "", "a refused call must not have run"
 
 
 def test_reset_gives_a_new_shell_and_keeps_the_files_and_running_processes(sandbox: Sandbox) -> None:

@@ -240,12 +240,21 @@ class ToolsetBehaviour:
         )
 
     def test_invalid_input_raises_tool_input_error(self, sandbox: Sandbox) -> None:
+        """The provider sends the input as it is: these are the daemon's own refusals, by the same table and
+        in the same words as the brain's check (`toolbox.schema`)."""
         for tool, input, message in [
             ("paint", {}, "unknown tool 'paint'"),
-            ("read", {}, "read needs file_path"),
-            ("bash", {"command": 3}, "command must be a string"),
-            ("bash", {"command": "true", "timeout_ms": "soon"}, "timeout_ms must be an integer"),
-            ("write", {"file_path": "a", "content": "b", "mode": "x"}, "write has no field mode"),
+            ("read", {}, "input is missing the required field 'file_path'"),
+            ("bash", {"command": 3}, "input.command must be of type string"),
+            ("bash", {"command": "true", "timeout_ms": "soon"}, "input.timeout_ms must be of type integer"),
+            ("bash", {"command": "true", "timeout_ms": 0}, "input.timeout_ms must be at least 1"),
+            (
+                "read",
+                {"file_path": "a", "view_range": [1, "2"]},
+                "input.view_range[1] must be of type integer",
+            ),
+            ("glob", {"pattern": "*", "path": None}, "input.path must be of type string"),
+            ("write", {"file_path": "a", "content": "b", "mode": "x"}, "input has no field 'mode'"),
             ("edit", {"file_path": "a", "old_string": "same", "new_string": "same"}, "the same"),
         ]:
             with pytest.raises(ToolInputError, match=re.escape(message)):

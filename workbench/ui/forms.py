@@ -72,16 +72,17 @@ class StartSessionForm(forms.Form):
         cast(forms.ChoiceField, self.fields["agent"]).choices = agents
         cast(forms.ChoiceField, self.fields["environment"]).choices = environments
 
-    def body(self) -> dict[str, Any]:
+    def service_args(self) -> dict[str, Any]:
+        """The service's keyword arguments from the cleaned form."""
         data = self.cleaned_data
-        body: dict[str, Any] = {"agent": data["agent"], "environment_id": data["environment"]}
+        args: dict[str, Any] = {"agent": data["agent"], "environment_id": data["environment"]}
         if data["title"]:
-            body["title"] = data["title"]
+            args["title"] = data["title"]
         if data["message"].strip():
-            body["initial_events"] = [
+            args["initial_events"] = [
                 {"type": "user.message", "content": [{"type": "text", "text": data["message"]}]}
             ]
-        return body
+        return args
 
 
 class SendEventForm(forms.Form):
@@ -192,7 +193,8 @@ class AgentForm(forms.Form):
             }
         )
 
-    def body(self) -> dict[str, Any]:
+    def service_args(self) -> dict[str, Any]:
+        """The service's keyword arguments from the cleaned form."""
         data = self.cleaned_data
         return {
             "name": data["name"],
@@ -226,7 +228,8 @@ class EnvironmentForm(forms.Form):
             }
         )
 
-    def body(self) -> dict[str, Any]:
+    def service_args(self) -> dict[str, Any]:
+        """The service's keyword arguments from the cleaned form."""
         data = self.cleaned_data
         return {"name": data["name"], "description": data["description"] or None, "config": data["config"]}
 

@@ -29,7 +29,7 @@ def _last_payload(session_ref: Any, event_type: str, key: str) -> Subquery:
 
 def session_rows(*, status: str = "", agent_id: str = "", limit: int = 100) -> list[Session]:
     """Sessions for the list, newest first, with their held sandboxes, usage and current harness."""
-    sessions: QuerySet[Session] = Session.objects.filter(deleted_at__isnull=True)
+    sessions: QuerySet[Session] = Session.objects.live()
     if status == "archived":
         sessions = sessions.filter(archived_at__isnull=False)
     else:
@@ -64,7 +64,7 @@ def agent_choices() -> list[tuple[str, str]]:
 
 
 def environment_choices() -> list[tuple[str, str]]:
-    environments = Environment.objects.filter(deleted_at__isnull=True, archived_at__isnull=True)
+    environments = Environment.objects.usable()
     return [(e.id, e.name) for e in environments]
 
 
@@ -172,7 +172,8 @@ def free_sandboxes() -> list[Sandbox]:
 def transfer_targets(session_id: str, limit: int = 100) -> list[Session]:
     """Sessions a sandbox could be passed to: live ones other than this one."""
     return list(
-        Session.objects.filter(deleted_at__isnull=True, archived_at__isnull=True)
+        Session.objects.live()
+        .filter(archived_at__isnull=True)
         .exclude(status=Session.Status.TERMINATED)
         .exclude(id=session_id)[:limit]
     )

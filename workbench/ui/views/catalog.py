@@ -36,7 +36,7 @@ def agent_new(request: HttpRequest) -> HttpResponse:
     form = AgentForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            version = agent_create(form.body())
+            version = agent_create(**form.service_args())
         except DomainError as error:
             form.add_error(None, error.message)
         else:
@@ -54,7 +54,7 @@ def agent_edit(request: HttpRequest, agent_id: str) -> HttpResponse:
     form = AgentForm(request.POST) if request.method == "POST" else AgentForm.from_config(current.config)
     if request.method == "POST" and form.is_valid():
         try:
-            version = agent_update(agent_id, {**form.body(), "version": current.version})
+            version = agent_update(agent_id, version=current.version, **form.service_args())
         except DomainError as error:
             form.add_error(None, error.message)
         else:
@@ -89,7 +89,7 @@ def agent_archive_view(request: HttpRequest, agent_id: str) -> HttpResponse:
 @operator_required
 def environment_list(request: HttpRequest) -> HttpResponse:
     show_archived = request.GET.get("archived") == "1"
-    environments = Environment.objects.filter(deleted_at__isnull=True)
+    environments = Environment.objects.live()
     if not show_archived:
         environments = environments.filter(archived_at__isnull=True)
     return render(
@@ -102,7 +102,7 @@ def environment_new(request: HttpRequest) -> HttpResponse:
     form = EnvironmentForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            environment = environment_create(form.body())
+            environment = environment_create(**form.service_args())
         except DomainError as error:
             form.add_error(None, error.message)
         else:
@@ -124,7 +124,7 @@ def environment_edit(request: HttpRequest, environment_id: str) -> HttpResponse:
     )
     if request.method == "POST" and form.is_valid():
         try:
-            environment_update(environment_id, form.body())
+            environment_update(environment_id, **form.service_args())
         except DomainError as error:
             form.add_error(None, error.message)
         else:

@@ -63,7 +63,7 @@ def session_start(request: HttpRequest) -> HttpResponse:
     form = _start_form(request.POST)
     if form.is_valid():
         try:
-            session = session_create(form.body())
+            session = session_create(**form.service_args())
         except DomainError as error:
             form.add_error(None, error.message)
         else:
@@ -122,7 +122,7 @@ def session_harness(request: HttpRequest, session_id: str) -> HttpResponse:
     if not form.is_valid():
         return render_panel(request, session_id, error="Choose one of the harnesses listed.", status=400)
     try:
-        session_update(session_id, {"harness": form.cleaned_data["harness"]})
+        session_update(session_id, harness=form.cleaned_data["harness"])
     except DomainError as error:
         return render_panel(request, session_id, error=error.message, status=status_of(error))
     return render_panel(request, session_id, notice=f"The next turn runs on {form.cleaned_data['harness']}.")

@@ -108,7 +108,7 @@ def send_event(request: HttpRequest, session_id: str) -> HttpResponse:
         message = " ".join(str(error) for errors in form.errors.values() for error in errors)
         return render(request, template, {"error": message, "call_id": call_id}, status=400)
     try:
-        session_send_events(session_id, {"events": [form.event()]})
+        session_send_events(session_id, events=[form.event()])
     except DomainError as error:
         return render(
             request, template, {"error": error.message, "call_id": call_id}, status=status_of(error)

@@ -1,0 +1,139 @@
+"""A wake's named outcomes, its recovery and parking steps, and the process's watcher."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.test import override_settings
+
+from harness.brain import Outcome, run_brain
+from harness.harnesses.steps import Park, RecordRecovery
+from harness.lease import Lease, lease_acquire, lease_release
+from harness.watcher import watcher
+from sessions import events
+from sessions.models import Session
+from sessions.selectors import get_events
+from sessions.services import emit_event
+from tests.conftest import make_session
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def message(session_id: str, text: str) -> None:
+    emit_event(session_id, {"type": "user.message", "content": events.text_content(text)})
+
+
+def crash(session_id: str) -> Lease:
+    """A wake that took the lease and died holding it: the lease lapses at once, its counter stays."""
+    lease = lease_acquire(session_id, owner="dead", seconds=0.001)
+    assert lease is not None
+    time.sleep(0.01)
+    return lease
+
+
+def test_the_outcomes_read_as_the_strings_logs_and_tests_compare():
+    assert [str(outcome) for outcome in Outcome] == ["idle", "busy", "lease lost", "parked", "gone"]
+    assert Outcome.LEASE_LOST == "lease lost" and f"{Outcome.BUSY}" == "busy"
+
+
+def test_a_wake_after_one_that_died_first_records_its_recovery(model_url):
+    session_id = make_session()
+    message(session_id, "hello")
+    crash(session_id)
+    outcome = run_brain(session_id, by="sweeper")
+    assert outcome is Outcome.IDLE
+    log = get_events(session_id)
+    [recovered] = [e for e in log if e.type == "brain.recovered"]
+    assert recovered.payload == {"woken_by": "sweeper", "epoch": 2, "unfinished_wakes": 1}
+    assert recovered.lease_epoch == 2 and recovered.seq == 1  # before anything else the brain wrote
+    assert log[-1].type == "session.status_idle" and Session.objects.get(id=session_id).wake_attempts == 0
+
+
+def test_past_the_crash_limit_the_wake_parks_closing_the_open_request_and_calls(model_url):
+    session_id = make_session()
+    message(session_id, "hello")
+    dead = crash(session_id)
+    start = emit_event(session_id, events.model_request_start(through_seq=0), epoch=dead.epoch)
+    with override_settings(WAKE_CRASH_LIMIT=1):
+        crash(session_id)
+        assert run_brain(session_id) is Outcome.IDLE
+    log = get_events(session_id)
+    end, error, parked, idle = log[-4:]
+    assert end.type == "span.model_request_end" and end.payload["model_request_start_id"] == start.uid
+    assert end.payload["is_error"] and end.payload["error"] == "the worker stopped during this request"
+    assert error.payload["error"]["retry_status"] == {"type": "terminal"}
+    assert parked.payload == {"attempts": 2}
+    assert idle.payload == {"stop_reason": {"type": "retries_exhausted"}, "through_seq": parked.seq}
+    assert not [e for e in log if e.type == "agent.message"]  # the parked wake called no model
+    session = Session.objects.get(id=session_id)
+    assert session.status == "idle" and session.wake_attempts == 0
+
+
+def test_the_parking_harness_takes_one_step_and_the_tool_use_harness_recovers_first(model_url):
+    from harness.brain import Brain
+    from harness.cache import known_logs
+    from harness.harnesses import harness_for
+
+    session_id = make_session()
+    message(session_id, "hello")
+    crash(session_id)
+    lease = lease_acquire(session_id, owner="me", seconds=60, read_after=-1)
+    assert lease is not None and lease.attempts == 2
+    brain = Brain(lease, known_logs.extend(None, lease.events))
+    assert isinstance(harness_for(brain).next_step(brain.state, brain), RecordRecovery)
+    with override_settings(WAKE_CRASH_LIMIT=1):
+        parking = harness_for(brain)
+        assert isinstance(parking.next_step(brain.state, brain), Park)
+        Park().run(brain)
+        assert parking.next_step(brain.state, brain) is None
+    lease_release(lease)
+
+
+class FakeBrain:
+    """What the watcher sees of a brain, recording what it was told."""
+
+    def __init__(self, lease: Lease, floor: int):
+        self.lease, self.floor = lease, floor
+        self.told: list[str] = []
+        self.done = threading.Event()
+
+    def holds_lease(self) -> bool:
+        return "lose_lease" not in self.told
+
+    def interrupt_floor(self) -> int | None:
+        return None if self.told else self.floor
+
+    def interrupt(self) -> None:
+        self.told.append("interrupt")
+        self.done.set()
+
+    def lose_lease(self) -> None:
+        self.told.append("lose_lease")
+        self.done.set()
+
+
+def test_the_watcher_tells_a_brain_of_an_interrupt_after_its_floor_and_of_a_lost_lease():
+    session_id = make_session()
+    message(session_id, "hello")
+    lease = lease_acquire(session_id, owner="me", seconds=60)
+    assert lease is not None
+    brain = FakeBrain(lease, floor=0)
+    watcher().add(brain)
+    try:
+        assert not brain.done.wait(0.6)  # an interrupt only counts after the floor
+        emit_event(session_id, {"type": "user.interrupt"})
+        assert brain.done.wait(5) and brain.told == ["interrupt"]
+    finally:
+        watcher().remove(brain)
+    lease_release(lease)
+    with override_settings(LEASE_SECONDS=0.3):
+        taken = lease_acquire(session_id, owner="other", seconds=60)
+        assert taken is not None
+        stale = FakeBrain(lease, floor=10**6)  # the first epoch, which no longer holds the session
+        watcher().add(stale)
+        try:
+            assert stale.done.wait(5) and stale.told == ["lose_lease"]
+        finally:
+            watcher().remove(stale)

@@ -601,6 +601,9 @@ def main(argv: list[str] | None = None) -> None:
         out += ["The machine: " + machine_line(richest).removeprefix("Ran ").split("on ", 1)[-1], ""]
     for section in sections:
         out += section
+    notes = BENCH / "why-raw-sql.md"
+    if notes.exists():
+        out += [notes.read_text().rstrip(), ""]
     (BENCH / "README.md").write_text("\n".join(out).rstrip() + "\n")
     print(f"wrote {BENCH / 'README.md'}")
 

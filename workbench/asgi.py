@@ -14,11 +14,13 @@ from workbench.celery import GIL_SWITCH_SECONDS  # noqa: E402
 # the database or Redis should not wait Python's default 5 ms for the loop to give up the GIL (and back).
 sys.setswitchinterval(GIL_SWITCH_SECONDS)
 
+from asgiref.sync import iscoroutinefunction  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 
+from kernel.api.edge import internal_error  # noqa: E402
 from kernel.auth import ApiKeyOrSessionAuthMiddleware  # noqa: E402
 from workbench.routing import websocket_urlpatterns  # noqa: E402
 
@@ -43,9 +45,6 @@ class ApiHandler(ASGIHandler):
 def _json_errors(get_response: Any) -> Any:
     """Django's own error pages are HTML; an API client gets every 5xx in the `/v1` envelope instead (a
     view's errors are already enveloped by `kernel.api.edge`; these are the ones outside a view)."""
-    from asgiref.sync import iscoroutinefunction
-
-    from kernel.api.edge import internal_error
 
     def enveloped(request: Any, response: Any) -> Any:
         if response.status_code < 500 or response.get("Content-Type", "").startswith("application/json"):

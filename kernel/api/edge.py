@@ -264,7 +264,7 @@ def _answer(request: HttpRequest, error: Exception) -> HttpResponse:
 
 def _finish(request: HttpRequest, response: HttpResponse) -> HttpResponse:
     if response.status_code == 405 and not response.get("Content-Type", "").startswith("application/json"):
-        allowed = response.get("Allow", "")
+        allowed = ", ".join(sorted(method.strip() for method in response.get("Allow", "").split(",")))
         error = MethodNotAllowed(f"{request.method} is not allowed on {request.path}; use {allowed}.")
         response = error_response(error, request.request_id)  # type: ignore[attr-defined]
     response["request-id"] = request.request_id  # type: ignore[attr-defined]

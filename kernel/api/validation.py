@@ -188,47 +188,6 @@ def patch_metadata(current: dict[str, Any], patch: Mapping[str, Any]) -> dict[st
     return merged
 
 
-def query_int(params: Mapping[str, str], key: str, *, default: int, minimum: int, maximum: int) -> int:
-    raw = params.get(key)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise Invalid(f"Query parameter '{key}' must be an integer, not {raw!r}.") from None
-    if not minimum <= value <= maximum:
-        raise Invalid(f"Query parameter '{key}' must be between {minimum} and {maximum}, not {value}.")
-    return value
-
-
-def query_bool(params: Mapping[str, str], key: str, *, default: bool = False) -> bool:
-    raw = params.get(key)
-    if raw is None or raw == "":
-        return default
-    if raw.lower() in ("true", "1"):
-        return True
-    if raw.lower() in ("false", "0"):
-        return False
-    raise Invalid(f"Query parameter '{key}' must be true or false, not {raw!r}.")
-
-
-def query_choice(params: Mapping[str, str], key: str, choices: tuple[str, ...], *, default: str) -> str:
-    raw = params.get(key) or default
-    if raw not in choices:
-        raise Invalid(f"Query parameter '{key}' must be one of {', '.join(choices)}, not {raw!r}.")
-    return raw
-
-
-def query_datetime_ranges(params: Mapping[str, str], key: str) -> dict[str, datetime]:
-    """`key[gt]`, `key[gte]`, `key[lt]`, `key[lte]` as RFC 3339 times, keyed by the operator."""
-    ranges = {}
-    for op in ("gt", "gte", "lt", "lte"):
-        raw = params.get(f"{key}[{op}]")
-        if raw is not None:
-            ranges[op] = query_time(raw.replace(" ", "+"), f"{key}[{op}]")  # a zone's "+" arrives as a space
-    return ranges
-
-
 def query_time(raw: str, name: str) -> datetime:
     """An aware datetime the database can take: a day that exists, and in UTC still inside years 1 to 9999."""
     try:

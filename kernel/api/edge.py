@@ -18,7 +18,6 @@ from collections.abc import Callable
 from inspect import iscoroutinefunction
 from typing import Any, Literal, get_args, get_origin
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import DisallowedHost, RequestDataTooBig, SuspiciousOperation
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -339,11 +338,6 @@ class Edge(NinjaAPI):
             if isinstance(pattern, URLPattern) and pattern.name != "openapi-json":
                 pattern.callback = _guarded(pattern.callback)
         return patterns, app_name, namespace
-
-
-def sync(handler: Callable[..., Any]) -> Callable[..., Any]:
-    """A sync service called from an async handler, on the ORM's thread."""
-    return sync_to_async(handler)
 
 
 def answers(handler: Callable[..., Any]) -> Callable[..., Any]:

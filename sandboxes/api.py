@@ -7,11 +7,11 @@ from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 from pydantic import field_validator
 
-from kernel.api.edge import answers
 from kernel.api.pagination import keyset_page
 from kernel.api.schemas import ERRORS, Body, Deleted, Metadata, MetadataPatch, Page, Timestamp
 from kernel.errors import NotFound, Unavailable
 from sandboxes.environments import (
+    Scope,
     environment_archive,
     environment_create,
     environment_delete,
@@ -34,7 +34,6 @@ from sandboxes.providers import SandboxError
 from sessions.models import Session
 
 router = Router(tags=["environments"])
-Scope = Literal["organization", "account"]
 
 
 class EnvironmentCreate(Body):
@@ -86,13 +85,11 @@ class EnvironmentList(Schema):
 
 
 @router.post("/environments", response={200: Environment, **ERRORS})
-@answers
 def environments_create(request: HttpRequest, body: EnvironmentCreate) -> dict[str, Any]:
     return environment_json(environment_create(**body.given()))
 
 
 @router.get("/environments", response={200: EnvironmentList, **ERRORS})
-@answers
 def environments_list(request: HttpRequest, query: Query[EnvironmentsQuery]) -> dict[str, Any]:
     environments = EnvironmentRow.objects.live()
     if not query.include_archived:
@@ -102,25 +99,21 @@ def environments_list(request: HttpRequest, query: Query[EnvironmentsQuery]) -> 
 
 
 @router.get("/environments/{environment_id}", response={200: Environment, **ERRORS})
-@answers
 def environments_retrieve(request: HttpRequest, environment_id: str) -> dict[str, Any]:
     return environment_json(get_environment(environment_id))
 
 
 @router.post("/environments/{environment_id}", response={200: Environment, **ERRORS})
-@answers
 def environments_update(request: HttpRequest, environment_id: str, body: EnvironmentUpdate) -> dict[str, Any]:
     return environment_json(environment_update(environment_id, **body.given()))
 
 
 @router.delete("/environments/{environment_id}", response={200: Deleted, **ERRORS})
-@answers
 def environments_delete(request: HttpRequest, environment_id: str) -> dict[str, Any]:
     return environment_delete(environment_id)
 
 
 @router.post("/environments/{environment_id}/archive", response={200: Environment, **ERRORS})
-@answers
 def environments_archive(request: HttpRequest, environment_id: str) -> dict[str, Any]:
     return environment_json(environment_archive(environment_id))
 
@@ -173,7 +166,6 @@ def _held_by(session_id: str, sandbox_id: str) -> None:
 
 
 @router.get("/sessions/{session_id}/sandboxes", response={200: SandboxList, **ERRORS}, tags=["sandboxes"])
-@answers
 def session_sandboxes_list(request: HttpRequest, session_id: str) -> dict[str, Any]:
     _session_or_404(session_id)
     sandboxes = SandboxRow.objects.filter(session_id=session_id).exclude(status=SandboxRow.Status.TERMINATED)
@@ -181,7 +173,6 @@ def session_sandboxes_list(request: HttpRequest, session_id: str) -> dict[str, A
 
 
 @router.post("/sessions/{session_id}/sandboxes", response={200: Sandbox, **ERRORS}, tags=["sandboxes"])
-@answers
 def session_sandboxes_add(request: HttpRequest, session_id: str, body: SandboxAdd) -> dict[str, Any]:
     """`{"name"}` provisions a new hand; `{"sandbox_id", "name"?}` attaches a free one."""
     _session_or_404(session_id)
@@ -198,7 +189,6 @@ def session_sandboxes_add(request: HttpRequest, session_id: str, body: SandboxAd
     response={200: Sandbox, **ERRORS},
     tags=["sandboxes"],
 )
-@answers
 def session_sandbox_detach(request: HttpRequest, session_id: str, sandbox_id: str) -> dict[str, Any]:
     _held_by(session_id, sandbox_id)
     return sandbox_json(sandbox_detach(sandbox_id))
@@ -209,7 +199,6 @@ def session_sandbox_detach(request: HttpRequest, session_id: str, sandbox_id: st
     response={200: Sandbox, **ERRORS},
     tags=["sandboxes"],
 )
-@answers
 def session_sandbox_transfer(
     request: HttpRequest, session_id: str, sandbox_id: str, body: SandboxTransfer
 ) -> dict[str, Any]:
@@ -220,14 +209,12 @@ def session_sandbox_transfer(
 @router.delete(
     "/sessions/{session_id}/sandboxes/{sandbox_id}", response={200: Sandbox, **ERRORS}, tags=["sandboxes"]
 )
-@answers
 def session_sandbox_terminate(request: HttpRequest, session_id: str, sandbox_id: str) -> dict[str, Any]:
     _held_by(session_id, sandbox_id)
     return sandbox_json(sandbox_terminate(sandbox_id))
 
 
 @router.get("/sandboxes", response={200: SandboxList, **ERRORS}, tags=["sandboxes"])
-@answers
 def sandboxes_list(request: HttpRequest, query: Query[SandboxesQuery]) -> dict[str, Any]:
     sandboxes = SandboxRow.objects.all()
     if not query.include_terminated:

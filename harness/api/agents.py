@@ -17,7 +17,6 @@ from harness.api.schemas import (
 )
 from harness.models import Agent as AgentRow
 from harness.models import AgentVersion
-from kernel.api.edge import answers
 from kernel.api.pagination import decode_cursor, encode_cursor, keyset_page
 from kernel.api.schemas import ERRORS
 
@@ -25,13 +24,11 @@ router = Router(tags=["agents"])
 
 
 @router.post("/agents", response={200: Agent, **ERRORS})
-@answers
 def agents_create(request: HttpRequest, body: AgentCreate) -> dict[str, Any]:
     return agent_json(agent_create(**body.given()))
 
 
 @router.get("/agents", response={200: AgentList, **ERRORS})
-@answers
 def agents_list(request: HttpRequest, query: Query[AgentsQuery]) -> dict[str, Any]:
     agents = AgentRow.objects.all()
     if not query.include_archived:
@@ -48,25 +45,21 @@ def agents_list(request: HttpRequest, query: Query[AgentsQuery]) -> dict[str, An
 
 
 @router.get("/agents/{agent_id}", response={200: Agent, **ERRORS})
-@answers
 def agents_retrieve(request: HttpRequest, agent_id: str, query: Query[AgentVersionQuery]) -> dict[str, Any]:
     return agent_json(get_agent_version(agent_id, query.version))
 
 
 @router.post("/agents/{agent_id}", response={200: Agent, **ERRORS})
-@answers
 def agents_update(request: HttpRequest, agent_id: str, body: AgentUpdate) -> dict[str, Any]:
     return agent_json(agent_update(agent_id, **body.given()))
 
 
 @router.post("/agents/{agent_id}/archive", response={200: Agent, **ERRORS})
-@answers
 def agents_archive(request: HttpRequest, agent_id: str) -> dict[str, Any]:
     return agent_json(agent_archive(agent_id))
 
 
 @router.get("/agents/{agent_id}/versions", response={200: AgentList, **ERRORS})
-@answers
 def agent_versions_list(request: HttpRequest, agent_id: str, query: Query[VersionsQuery]) -> dict[str, Any]:
     agent = get_agent(agent_id)
     versions = AgentVersion.objects.select_related("agent").filter(agent=agent).order_by("-version")

@@ -26,7 +26,6 @@ from harness.services.lifecycle import (
     session_send_events,
     session_update,
 )
-from kernel.api.edge import answers
 from kernel.api.pagination import decode_cursor, encode_cursor, keyset_page
 from kernel.api.schemas import ERRORS, Deleted
 from kernel.errors import Invalid
@@ -40,13 +39,11 @@ router = Router(tags=["sessions"])
 
 
 @router.post("/sessions", response={200: Session, **ERRORS})
-@answers
 def sessions_create(request: HttpRequest, body: SessionCreate) -> dict[str, Any]:
     return session_json(session_create(**body.given()))
 
 
 @router.get("/sessions", response={200: SessionList, **ERRORS})
-@answers
 def sessions_list(request: HttpRequest, query: Query[SessionsQuery]) -> dict[str, Any]:
     sessions = SessionRow.objects.live()
     if not query.include_archived:
@@ -68,38 +65,32 @@ def sessions_list(request: HttpRequest, query: Query[SessionsQuery]) -> dict[str
 
 
 @router.get("/sessions/{session_id}", response={200: Session, **ERRORS})
-@answers
 def sessions_retrieve(request: HttpRequest, session_id: str) -> dict[str, Any]:
     return session_json(get_session(session_id))
 
 
 @router.post("/sessions/{session_id}", response={200: Session, **ERRORS})
-@answers
 def sessions_update(request: HttpRequest, session_id: str, body: SessionUpdate) -> dict[str, Any]:
     return session_json(session_update(session_id, **body.given()))
 
 
 @router.delete("/sessions/{session_id}", response={200: Deleted, **ERRORS})
-@answers
 def sessions_delete(request: HttpRequest, session_id: str) -> dict[str, Any]:
     return session_delete(session_id)
 
 
 @router.post("/sessions/{session_id}/archive", response={200: Session, **ERRORS})
-@answers
 def sessions_archive(request: HttpRequest, session_id: str) -> dict[str, Any]:
     return session_json(session_archive(session_id))
 
 
 @router.post("/sessions/{session_id}/fork", response={200: Session, **ERRORS})
-@answers
 def sessions_fork(request: HttpRequest, session_id: str, body: SessionFork) -> dict[str, Any]:
     """Workbench's own: a new session whose log starts as events [0:at_seq] of this one."""
     return session_json(session_fork(session_id, at_seq=body.at_seq, harness=body.harness, title=body.title))
 
 
 @router.get("/sessions/{session_id}/events", response={200: EventList, **ERRORS}, tags=["events"])
-@answers
 def events_list(request: HttpRequest, session_id: str, query: Query[EventsQuery]) -> dict[str, Any]:
     get_session(session_id)
     types = validate_types_filter(query.types)
@@ -122,7 +113,6 @@ def events_list(request: HttpRequest, session_id: str, query: Query[EventsQuery]
 
 
 @router.post("/sessions/{session_id}/events", response={200: EventList, **ERRORS}, tags=["events"])
-@answers
 def events_send(request: HttpRequest, session_id: str, body: EventsSend) -> dict[str, Any]:
     return {"data": [event.as_api() for event in session_send_events(session_id, events=body.events)]}
 

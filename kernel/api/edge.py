@@ -314,6 +314,7 @@ class Edge(NinjaAPI):
             parser=BodyParser(),
             **options,
         )
+        self.add_decorator(answers)
 
     def set_default_exception_handlers(self) -> None:
         self.add_exception_handler(Exception, _answer)  # type: ignore[arg-type]  # ninja's own hint is too narrow
@@ -341,7 +342,10 @@ class Edge(NinjaAPI):
 
 
 def answers(handler: Callable[..., Any]) -> Callable[..., Any]:
-    """A handler's dict as the JSON response, and a POST run once per `Idempotency-Key`."""
+    """A handler's dict as the JSON response, and a POST run once per `Idempotency-Key`. `Edge` applies it to
+    every sync handler; an async one (the SSE stream) returns its own response and takes no body."""
+    if iscoroutinefunction(handler):
+        return handler
 
     @functools.wraps(handler)
     def answer(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:

@@ -14,14 +14,14 @@ MODEL = "claude-sonnet-5-5"
 def new_agent(name: str = "bench", **fields: Any) -> str:
     from harness.agents import agent_create
 
-    return agent_create({"name": name, "model": MODEL, **fields}).agent_id
+    return agent_create(name=name, model=MODEL, **fields).agent_id
 
 
 def new_environment(name: str, config: dict[str, Any] | None = None) -> str:
     """An environment (names are unique) with `config`, or the defaults."""
     from sandboxes.environments import environment_create
 
-    return environment_create({"name": name, **({"config": config} if config else {})}).id
+    return environment_create(name=name, config=config).id
 
 
 def new_session(text: str | None = None, *, agent: str | None = None, environment: str | None = None) -> str:
@@ -29,13 +29,10 @@ def new_session(text: str | None = None, *, agent: str | None = None, environmen
     from harness.services.lifecycle import session_create
 
     agent = agent or new_agent()
-    body: dict[str, Any] = {
-        "agent": agent,
-        "environment_id": environment or new_environment(f"bench {agent}"),
-    }
-    if text:
-        body["initial_events"] = [{"type": "user.message", "content": [{"type": "text", "text": text}]}]
-    return session_create(body).id
+    initial = [{"type": "user.message", "content": [{"type": "text", "text": text}]}] if text else None
+    return session_create(
+        agent=agent, environment_id=environment or new_environment(f"bench {agent}"), initial_events=initial
+    ).id
 
 
 def new_api_key(name: str) -> str:

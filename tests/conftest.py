@@ -13,15 +13,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import connection
 
 from harness.agents import agent_create
 from harness.services.lifecycle import session_create
 from kernel.models import ApiKey, hash_key
 from sandboxes.environments import environment_create
+from vault import crypto
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# The run's vault key: every process the tests start seals to its public half (the environment carries
+# it); only tests that play the egress proxy open secrets, with `vault_keyring`.
+VAULT_KEYRING = crypto.new_key()
+os.environ["VAULT_PUBLIC_KEYS"] = crypto.dump(VAULT_KEYRING.public())
+os.environ.pop("VAULT_KEYS", None)
+os.environ.pop("VAULT_KEY_FILE", None)
+django_settings.VAULT_PUBLIC_KEYS = os.environ["VAULT_PUBLIC_KEYS"]
+django_settings.VAULT_KEYS = django_settings.VAULT_KEY_FILE = ""
 
 
 def require(condition: bool, reason: str) -> None:
@@ -96,6 +107,12 @@ def docker_engine() -> Iterator[Any]:
     mine = ["workbench.managed=true", f"workbench.deployment={settings.WORKBENCH_DEPLOYMENT}"]
     for container in client.containers.list(all=True, filters={"label": mine}):
         container.remove(force=True)
+
+
+@pytest.fixture
+def vault_keyring() -> crypto.Keyring:
+    """The private keyring, as the egress proxy holds it."""
+    return VAULT_KEYRING
 
 
 @pytest.fixture

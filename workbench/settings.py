@@ -224,3 +224,19 @@ SANDBOX_DISK_QUOTA = env.bool("SANDBOX_DISK_QUOTA", default=True)
 # Hosts a session's github_repository may be cloned from over plain http:// or git:// (e.g. 127.0.0.1 for a
 # git server on loopback in development, tests and benchmarks); every other repository URL must be https://.
 REPOSITORY_PLAIN_HOSTS = env.list("REPOSITORY_PLAIN_HOSTS", default=[])
+
+# The vault (vault/crypto.py). Secrets are sealed to an X25519 key-encryption key: the web server and
+# workers seal with its public half (VAULT_PUBLIC_KEYS, JSON, or VAULT_PUBLIC_KEY_FILE); only the egress
+# proxy and `manage.py vault_key rotate` open them with the private half (VAULT_KEYS or VAULT_KEY_FILE, set
+# for those processes alone). `manage.py vault_key init` makes both files.
+VAULT_KEYS = env("VAULT_KEYS", default="")
+VAULT_KEY_FILE = env("VAULT_KEY_FILE", default="")
+VAULT_PUBLIC_KEYS = env("VAULT_PUBLIC_KEYS", default="")
+VAULT_PUBLIC_KEY_FILE = env("VAULT_PUBLIC_KEY_FILE", default=str(BASE_DIR / ".vault" / "public.json"))
+# Hosts an MCP server or OAuth token endpoint may be reached at over plain http:// (e.g. 127.0.0.1 in
+# development and tests); every other such URL must be https://, since a credential travels with it.
+EGRESS_PLAIN_HOSTS = env.list("EGRESS_PLAIN_HOSTS", default=[])
+# The egress proxy's control endpoint (vault/egress): where the web server asks it to validate a credential
+# (the proxy alone can open one), and the token it takes. Empty: no proxy runs, and validation says so.
+EGRESS_CONTROL_URL = env("EGRESS_CONTROL_URL", default="")
+EGRESS_CONTROL_TOKEN = env("EGRESS_CONTROL_TOKEN", default="")

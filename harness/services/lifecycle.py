@@ -22,6 +22,7 @@ from sessions import events
 from sessions.event_types import validate_sendable
 from sessions.models import Event, Session
 from sessions.services.log import SessionClosed, SessionNotFound, emit_event, emit_events
+from vault.services import usable_vault_ids
 
 # User events that give the brain something to do.
 WAKING_TYPES = frozenset(
@@ -140,13 +141,6 @@ def _budget(value: Any) -> dict[str, Any] | None:
     return {"type": "limit", "max_list_cost": {"amount": amount, "currency": cost.get("currency", "USD")}}
 
 
-def _vault_ids(value: Any) -> list[str]:
-    for vault_id in expect(value, list, "'vault_ids'"):
-        if not isinstance(vault_id, str) or not vault_id.startswith("vlt_"):
-            raise Invalid(f"'vault_ids' must hold vault ids like 'vlt_…', not {vault_id!r}.")
-    return value
-
-
 def _check_references(session_id: str, events: list[dict[str, Any]]) -> None:
     for i, event in enumerate(events):
         for key, types in REFERENCES.items():
@@ -249,7 +243,7 @@ def session_create(
             title=title,
             metadata=dict(check_metadata(metadata or {})),
             resources=_resources(resources or []),
-            vault_ids=_vault_ids(vault_ids or []),
+            vault_ids=usable_vault_ids(vault_ids or []),
             budget=_budget(budget),
         )
         if initial:
@@ -269,8 +263,6 @@ class SessionChanges(TypedDict, total=False):
 
 def session_update(session_id: str, **changes: Unpack[SessionChanges]) -> Session:
     """Change what was given; a new agent configuration or harness waits for the session to be idle."""
-    if "vault_ids" in changes:
-        raise Invalid("Changing 'vault_ids' of a session is not supported yet; create a new session.")
     with transaction.atomic():
         session = Session.objects.live().select_for_update().filter(id=session_id).first()
         if session is None:
@@ -284,6 +276,8 @@ def session_update(session_id: str, **changes: Unpack[SessionChanges]) -> Sessio
             )
         if "budget" in changes:
             session.budget = changed["budget"] = _budget(changes["budget"])
+        if "vault_ids" in changes:
+            session.vault_ids = changed["vault_ids"] = usable_vault_ids(changes["vault_ids"] or [])
         if "agent" in changes:
             if session.status == Session.Status.RUNNING:
                 raise Invalid(f"Session {session_id} is running; change its agent when it is idle.")

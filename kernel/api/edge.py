@@ -37,6 +37,7 @@ from kernel.api.errors import (
     from_domain,
 )
 from kernel.api.idempotency import idempotent
+from kernel.api.schemas import UNION_TAGS
 from kernel.api.validation import MAX_BODY_DEPTH, check_body, check_text, describe
 from kernel.auth import api_key_from_headers
 from kernel.errors import DomainError
@@ -113,6 +114,8 @@ def _where(source: str, loc: tuple[Any, ...]) -> str:
 
 _PHRASES: dict[str, Callable[[dict[str, Any]], str]] = {
     "missing": lambda e: "is required",
+    "union_tag_not_found": lambda e: "is required",
+    "union_tag_invalid": lambda e: f"must be one of {e['ctx']['expected_tags']}, not {e['ctx']['tag']!r}",
     "value_error": lambda e: str(e.get("ctx", {}).get("error") or e["msg"]),
     "extra_forbidden": lambda e: (
         "is an unknown field; remove it (the schema at /v1/openapi.json lists the fields)"
@@ -208,6 +211,9 @@ def validation_message(errors: list[dict[str, Any]]) -> str:
             loc = loc[1:]
         if loc and loc[-1] == "[key]":
             loc = loc[:-1]
+        loc = [part for i, part in enumerate(loc) if not (i and part in UNION_TAGS and i < len(loc) - 1)]
+        if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            loc = [*loc, error["ctx"]["discriminator"].strip("'")]
         phrase = _PHRASES.get(error["type"], lambda e: e["msg"].rstrip(".").lower())(error)
         said.append(f"{_where(source, tuple(loc))} {phrase}.")
     more = len(errors) - len(said)

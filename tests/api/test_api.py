@@ -228,11 +228,12 @@ def test_session_update_patches_and_records_session_updated(api):
     event = Event.objects.get(session_id=session_id)
     assert event.type == "session.updated" and event.payload["title"] == "renamed"
     assert_error(
-        api.post(f"/v1/sessions/{session_id}", {"vault_ids": []}),
-        400,
-        "invalid_request_error",
-        mentions="not supported",
+        api.post(f"/v1/sessions/{session_id}", {"vault_ids": ["vlt_nope"]}),
+        404,
+        "not_found_error",
+        mentions="vault_ids[0]",
     )
+    assert api.post(f"/v1/sessions/{session_id}", {"vault_ids": []}).json()["vault_ids"] == []
 
 
 BAD_SENDS = [

@@ -9,6 +9,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from harness.api import schemas as harness_schemas
 from sandboxes import api as sandboxes_api
 from tests.conftest import make_agent, make_environment
+from vault import api as vault_api
 
 
 def _v1_routes() -> set[str]:
@@ -36,7 +37,7 @@ def document(client: Any) -> dict[str, Any]:
 
 def test_every_v1_route_in_the_url_list_is_described(document):
     routes = _v1_routes()
-    assert len(routes) >= 18
+    assert len(routes) >= 25
     assert routes <= set(document["paths"]), routes - set(document["paths"])
 
 
@@ -46,7 +47,7 @@ def test_every_operation_declares_its_answer_its_errors_and_its_body(document):
             responses = operation["responses"]
             assert "200" in responses and "400" in responses and "404" in responses, (method, path)
             assert responses["404"]["content"]["application/json"]["schema"]["$ref"].endswith("ErrorEnvelope")
-            if method == "post" and not path.endswith(("/archive", "/detach")):
+            if method == "post" and not path.endswith(("/archive", "/detach", "/mcp_oauth_validate")):
                 assert "requestBody" in operation, (method, path)
             assert operation.get("security"), (method, path)
 
@@ -81,3 +82,12 @@ def test_the_answers_match_the_declared_response_schemas(api):
     sandboxes_api.SandboxList.model_validate(api.get(f"/v1/sessions/{session['id']}/sandboxes").json())
     sandboxes_api.SandboxList.model_validate(api.get("/v1/sandboxes").json())
     harness_schemas.Session.model_validate(api.post(f"/v1/sessions/{session['id']}/archive").json())
+    vault = api.post("/v1/vaults", {"display_name": "v"}).json()
+    vault_api.Vault.model_validate(vault)
+    vault_api.VaultList.model_validate(api.get("/v1/vaults").json())
+    credential = api.post(
+        f"/v1/vaults/{vault['id']}/credentials",
+        {"auth": {"type": "static_bearer", "mcp_server_url": "https://mcp.example.com", "token": "t"}},
+    ).json()
+    vault_api.Credential.model_validate(credential)
+    vault_api.CredentialList.model_validate(api.get(f"/v1/vaults/{vault['id']}/credentials").json())

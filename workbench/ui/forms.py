@@ -236,3 +236,72 @@ class EnvironmentForm(forms.Form):
 
 class ApiKeyForm(forms.Form):
     name = forms.CharField(max_length=200, label="What is it for?")
+
+
+class VaultForm(forms.Form):
+    display_name = forms.CharField(label="Name", max_length=255)
+
+
+class CredentialForm(forms.Form):
+    """One form for the three kinds; the fields a kind does not use are ignored, and the vault's rules
+    (vault/rules.py) judge the rest. Secret fields are password inputs never filled from what is stored."""
+
+    KINDS = [
+        ("static_bearer", "Bearer token for an MCP server"),
+        ("mcp_oauth", "OAuth access token for an MCP server"),
+        ("environment_variable", "Secret for the sandbox (a placeholder variable)"),
+    ]
+    kind = forms.ChoiceField(choices=KINDS, label="Kind")
+    display_name = forms.CharField(label="Name", required=False, max_length=255)
+    mcp_server_url = forms.CharField(label="MCP server URL", required=False, max_length=2048)
+    token = forms.CharField(
+        label="Token",
+        required=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+        help_text="The bearer token, or the OAuth access token. Stored sealed; never shown again.",
+    )
+    expires_at = forms.CharField(label="Expires at (OAuth)", required=False, help_text="RFC 3339, optional.")
+    secret_name = forms.CharField(label="Variable name", required=False, max_length=255)
+    secret_value = forms.CharField(
+        label="Secret value",
+        required=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+    )
+    allowed_hosts = forms.CharField(
+        label="Hosts it may be sent to",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="One per line (api.example.com, *.example.com, 192.0.2.1); empty: any host.",
+    )
+    in_body = forms.BooleanField(label="Also substitute it in request bodies", required=False)
+
+    def auth(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        kind = data["kind"]
+        if kind == "environment_variable":
+            hosts = [line.strip() for line in data["allowed_hosts"].splitlines() if line.strip()]
+            return {
+                "type": kind,
+                "secret_name": data["secret_name"],
+                "secret_value": data["secret_value"],
+                "networking": {"type": "limited", "allowed_hosts": hosts}
+                if hosts
+                else {"type": "unrestricted"},
+                "injection_location": {"header": True, "body": data["in_body"]},
+            }
+        if kind == "mcp_oauth":
+            return {
+                "type": kind,
+                "mcp_server_url": data["mcp_server_url"],
+                "access_token": data["token"],
+                **({"expires_at": data["expires_at"]} if data["expires_at"] else {}),
+            }
+        return {"type": kind, "mcp_server_url": data["mcp_server_url"], "token": data["token"]}
+
+
+class ReplaceSecretForm(forms.Form):
+    secret = forms.CharField(
+        label="New secret",
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+        max_length=16_384,
+    )

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from workbench.ui.views import account, catalog, hands, keys, sessions, timeline
+from workbench.ui.views import account, catalog, hands, keys, sessions, timeline, vaults
 
 app_name = "ui"
 
@@ -42,6 +42,20 @@ urlpatterns = [
         "environments/<str:environment_id>/archive",
         catalog.environment_archive_view,
         name="environment-archive",
+    ),
+    path("vaults/", vaults.vault_list, name="vaults"),
+    path("vaults/<str:vault_id>/", vaults.vault_detail, name="vault"),
+    path("vaults/<str:vault_id>/archive", vaults.vault_archive_view, name="vault-archive"),
+    path("vaults/<str:vault_id>/credentials", vaults.credential_add, name="credential-add"),
+    path(
+        "vaults/<str:vault_id>/credentials/<str:credential_id>/replace",
+        vaults.credential_replace,
+        name="credential-replace",
+    ),
+    path(
+        "vaults/<str:vault_id>/credentials/<str:credential_id>/archive",
+        vaults.credential_archive_view,
+        name="credential-archive",
     ),
     path("keys/", keys.key_list, name="keys"),
     path("keys/new", keys.key_create, name="key-create"),

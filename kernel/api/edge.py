@@ -344,7 +344,24 @@ class Edge(NinjaAPI):
         for pattern in patterns:
             if isinstance(pattern, URLPattern) and pattern.name != "openapi-json":
                 pattern.callback = _guarded(pattern.callback)
-        return patterns, app_name, namespace
+        return _lookup_order(patterns), app_name, namespace
+
+
+_HOT = ("sessions/<session_id>/events", "sessions/<session_id>", "sessions", "")
+
+
+def _lookup_order(patterns: list[Any]) -> list[Any]:
+    """The patterns as Django should try them: one per path (ninja adds one per method, all to the same
+    view), and a session's events first, then its other routes: a turn's requests are those. Django tries patterns one by one
+    (a regex each), and no two of these paths match one URL, so the order changes nothing but time."""
+    seen: set[str] = set()
+    unique = []
+    for pattern in patterns[:-1]:  # the last is ninja's root, which stays last
+        if str(pattern.pattern) not in seen:
+            seen.add(str(pattern.pattern))
+            unique.append(pattern)
+    unique.sort(key=lambda p: _HOT.index(next((h for h in _HOT if str(p.pattern).startswith(h)), "")))
+    return [*unique, patterns[-1]]
 
 
 def answers(handler: Callable[..., Any]) -> Callable[..., Any]:

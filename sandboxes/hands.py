@@ -25,7 +25,7 @@ from sandboxes.providers import (
     ToolFailed,
     ToolInputError,
 )
-from sandboxes.provisioning import provider_name, provider_of, resources_for
+from sandboxes.provisioning import provider_name, provider_of, resources_for, session_env
 from sandboxes.repositories import checkout_repositories
 from sessions import events
 from sessions.models import Session
@@ -115,6 +115,9 @@ def sandbox_provision(session_id: str, *, name: str = DEFAULT_HAND, emit: Emit |
             raise
         sandbox.status = Sandbox.Status.READY
         sandbox.save(update_fields=["handle", "status"])
+    elif variables := session_env(sandbox):
+        # A pooled sandbox was made for no session: its shell gets this one's variables (placeholders).
+        provider_of(sandbox).reset(sandbox.handle, env=variables)
     emit(
         events.sandbox_provisioned(
             sandbox.id, name, provider=sandbox.provider, pooled=bool(sandbox.labels.get("from_pool"))
@@ -216,7 +219,7 @@ def _handed_over(sandbox: Sandbox, session_id: str) -> Sandbox:
     new holder uses it; after the transaction, as it may wait seconds for a call of the previous holder to
     stop. A hand that fails it is not used: it is marked dead, and the session's next call gets a new one."""
     try:
-        provider_of(sandbox).reset(sandbox.handle)
+        provider_of(sandbox).reset(sandbox.handle, env=session_env(sandbox))
     except (SandboxError, ToolFailed) as error:
         Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.DEAD)
         emit_event(

@@ -69,6 +69,9 @@ class Sandbox(models.Model):
     handle = models.CharField(max_length=200, blank=True, default="")
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PROVISIONING)
     labels = models.JSONField(default=dict, blank=True)
+    # The sha256 of the token the sandbox gives the egress proxy as its identity (Proxy-Authorization);
+    # the token itself is only in the sandbox's environment.
+    egress_token_hash = models.CharField(max_length=64, blank=True, default="", editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(auto_now_add=True)
 

@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/bootstrap.sh
+scripts/egress-venv.sh
 mkdir -p .cache
 
 # The sandbox image, and the root file system the local (bubblewrap) provider binds (made without Docker too).
@@ -21,6 +22,18 @@ export OFFLINE_MODEL_PORT=${OFFLINE_MODEL_PORT:-8765}
 export WORKER_CONCURRENCY=${WORKER_CONCURRENCY:-4}
 
 processes=(web worker beat)
+# The egress proxy: the only process given the vault's private key (the Procfile passes it to it alone), and
+# the docker sandboxes' only way out, on their network's bridge (made here first).
+export VAULT_KEY_FILE_FOR_EGRESS=${VAULT_KEY_FILE_FOR_EGRESS:-.vault/keyring.json}
+export EGRESS_CONTROL_URL=${EGRESS_CONTROL_URL:-http://127.0.0.1:${EGRESS_CONTROL_PORT:-8766}}
+export EGRESS_CONTROL_TOKEN=${EGRESS_CONTROL_TOKEN:-$(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')}
+if .venv/bin/python -m vault.egress network; then
+  export SANDBOX_EGRESS=${SANDBOX_EGRESS:-true}
+  processes+=(egress)
+else
+  echo "run: no sandbox network (no Docker engine, or no iptables): sandboxes run without network" >&2
+  export SANDBOX_EGRESS=false
+fi
 if ! redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1; then
   processes=(redis "${processes[@]}")
 fi
@@ -33,6 +46,7 @@ else
 fi
 
 .venv/bin/python manage.py migrate --no-input -v 0
+.venv/bin/python manage.py vault_key init --key-file "$VAULT_KEY_FILE_FOR_EGRESS" >/dev/null
 url="http://127.0.0.1:$WORKBENCH_PORT/"
 login=$(.venv/bin/python manage.py ensureoperator --url "$url")
 cat <<MSG

@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/bootstrap.sh --with-browser --with-postgres
+scripts/egress-venv.sh
 
 tmp=$(mktemp -d /tmp/workbench-test.XXXXXX)
 chmod 755 "$tmp"

@@ -240,3 +240,29 @@ EGRESS_PLAIN_HOSTS = env.list("EGRESS_PLAIN_HOSTS", default=[])
 # (the proxy alone can open one), and the token it takes. Empty: no proxy runs, and validation says so.
 EGRESS_CONTROL_URL = env("EGRESS_CONTROL_URL", default="")
 EGRESS_CONTROL_TOKEN = env("EGRESS_CONTROL_TOKEN", default="")
+
+# --- The egress proxy (vault/egress) and the sandboxes' network through it ---------------------------------
+# SANDBOX_EGRESS on: a docker sandbox whose environment has networking is put on an internal Docker network
+# (EGRESS_NETWORK, subnet EGRESS_SUBNET, no route out) whose only open port on the host is the egress proxy's
+# (`python -m vault.egress`, at the subnet's first address, port EGRESS_PORT); the host's other services are
+# closed to it by iptables INPUT rules on its bridge (EGRESS_FIREWALL). Off: sandboxes have no network.
+SANDBOX_EGRESS = env.bool("SANDBOX_EGRESS", default=False)
+EGRESS_NETWORK = env("EGRESS_NETWORK", default=f"workbench-egress-{WORKBENCH_DEPLOYMENT}")
+EGRESS_BRIDGE = env("EGRESS_BRIDGE", default=f"wbe-{WORKBENCH_DEPLOYMENT[:11]}")
+# Outside the Docker engine's default address pools (172.17-31.0.0/16, 192.168.0.0/16), so no other network takes it.
+EGRESS_SUBNET = env("EGRESS_SUBNET", default="10.213.0.0/24")
+EGRESS_PORT = env.int("EGRESS_PORT", default=3128)
+EGRESS_FIREWALL = env.bool("EGRESS_FIREWALL", default=True)
+# The proxy's data folder: its CA (mitmproxy's confdir) and the bundle sandboxes trust (the system's CAs and
+# the proxy's), which the docker provider mounts read-only over the image's.
+EGRESS_DATA_DIR = env.path("EGRESS_DATA_DIR", default=BASE_DIR / ".egress")
+EGRESS_SYSTEM_CA_FILE = env("EGRESS_SYSTEM_CA_FILE", default="/etc/ssl/certs/ca-certificates.crt")
+# Loopback, private, link-local, multicast and unspecified destinations are refused in every mode, except
+# these: addresses or CIDR networks, each optionally with ":port" (e.g. 127.0.0.1:8443 in tests).
+EGRESS_PRIVATE_ALLOWED = env.list("EGRESS_PRIVATE_ALLOWED", default=[])
+# How long the proxy keeps a sandbox's policy (its session's credentials, its environment's networking).
+EGRESS_CACHE_SECONDS = env.float("EGRESS_CACHE_SECONDS", default=5.0)
+# Responses up to this size are buffered and scrubbed whole; longer ones are scrubbed as they stream.
+EGRESS_BUFFER_BYTES = env.int("EGRESS_BUFFER_BYTES", default=16 * 1024 * 1024)
+# A CA file the proxy trusts for upstream servers instead of the system's (tests' local HTTPS servers).
+EGRESS_UPSTREAM_CA = env("EGRESS_UPSTREAM_CA", default="")

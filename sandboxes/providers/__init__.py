@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .base import (
     Cancelled,
+    EgressRoute,
     Provider,
     Resources,
     SandboxError,
@@ -23,6 +24,7 @@ PROVIDERS = ("docker", "local")
 __all__ = [
     "PROVIDERS",
     "Cancelled",
+    "EgressRoute",
     "Provider",
     "Resources",
     "SandboxError",

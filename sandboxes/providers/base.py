@@ -24,6 +24,19 @@ class ToolFailed(Exception):
 
 
 @dataclass(frozen=True)
+class EgressRoute:
+    """The way out of a sandbox that has networking: an internal network whose only open door on the host
+    is the egress proxy, and the CA bundle (the system's and the proxy's) the sandbox trusts."""
+
+    network: str
+    subnet: str
+    bridge: str
+    proxy_port: int
+    ca_bundle: str  # a host path, mounted read-only over the image's bundle
+    firewall: bool = True
+
+
+@dataclass(frozen=True)
 class Resources:
     """What a sandbox is provisioned with; built from an Environment by the caller."""
 
@@ -33,6 +46,7 @@ class Resources:
     pids: int = 256
     disk_mb: int | None = None  # the writable file system's quota; None: no quota
     network: bool = False
+    egress: EgressRoute | None = None  # docker only; `network` is the local provider's host network
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
 
@@ -61,10 +75,11 @@ class Provider(Protocol):
         """Run toolset tool `name` with `input` inside the sandbox and return its text output."""
         ...
 
-    def reset(self, handle: str) -> None:
+    def reset(self, handle: str, *, env: dict[str, str] | None = None) -> None:
         """Prepare a sandbox that changed sessions for its new holder: check that its toolbox answers on
         the channel the provider made (not one the sandbox replaced), stop the calls still running, and
-        start a new shell. The files, and the processes already running, stay. Raises SandboxError, or
+        start a new shell, whose session variables (the credentials' placeholders) are `env` instead of the
+        previous holder's. The files, and the processes already running, stay. Raises SandboxError, or
         ToolFailed when the old shell could not be replaced."""
         ...
 

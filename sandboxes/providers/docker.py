@@ -13,13 +13,19 @@ the container's files survive it.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import shutil
 import socket
+import subprocess
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import docker
 import docker.errors
+import docker.types
 import requests.exceptions
 
 from sandboxes.toolbox.bundle import CLIENT_COMMAND, SANDBOX_PARENT, SUPERVISOR_COMMAND, archive
@@ -27,7 +33,7 @@ from sandboxes.toolbox.disk import DISK_MB_ENV
 from sandboxes.toolbox.procs import PIDS_LIMIT_ENV
 
 from . import protocol
-from .base import Cancelled, Resources, SandboxError, SandboxGone, ToolFailed
+from .base import Cancelled, EgressRoute, Resources, SandboxError, SandboxGone, ToolFailed
 
 MANAGED_LABEL = "workbench.managed"
 CONTAINER_COMMAND = ["/bin/sh", "-c", f"cd {SANDBOX_PARENT} && exec {' '.join(SUPERVISOR_COMMAND)}"]
@@ -38,6 +44,11 @@ CONTAINER_USER = "0:0"
 GONE_SETTLE_S = 2.0
 # At the pids limit the engine cannot start the client: retry while the toolbox recovers.
 EXEC_RETRY_S = 5.0
+# Where a sandbox with networking finds the CA bundle that trusts the egress proxy (mounted over the image's).
+CA_BUNDLE_PATH = "/etc/ssl/certs/ca-certificates.crt"
+# The networks this process has made sure of (created, internal, firewalled): checked once per process.
+_prepared: set[str] = set()
+_preparing = threading.Lock()
 
 
 class DockerProvider:
@@ -62,6 +73,19 @@ class DockerProvider:
         """Create and start the container; the toolbox daemon starts with it, and the first call waits
         for it (well under a second)."""
         network = "bridge" if resources.network else "none"
+        binds: dict[str, dict[str, str]] | None = None
+        dns: list[str] | None = None
+        if resources.egress is not None:
+            self.prepare_egress(resources.egress)
+            if not Path(resources.egress.ca_bundle).is_file():
+                raise SandboxError(
+                    f"the egress proxy's CA bundle {resources.egress.ca_bundle} is missing: start the egress "
+                    "proxy (python -m vault.egress) once, which makes it"
+                )
+            network = resources.egress.network
+            binds = {resources.egress.ca_bundle: {"bind": CA_BUNDLE_PATH, "mode": "ro"}}
+            # Names are the proxy's to resolve; the engine's resolver gets no server to forward to.
+            dns = ["127.0.0.1"]
         with self._engine():
             host_config = self.api.create_host_config(
                 cap_drop=["ALL"],
@@ -73,6 +97,8 @@ class DockerProvider:
                 nano_cpus=int(resources.cpus * 1e9),
                 init=True,
                 network_mode=network,
+                binds=binds,
+                dns=dns,
                 storage_opt={"size": f"{resources.disk_mb}M"} if resources.disk_mb else None,
             )
             try:
@@ -113,6 +139,18 @@ class DockerProvider:
                 self.terminate(handle)
             raise
         return handle
+
+    def prepare_egress(self, route: EgressRoute) -> None:
+        """Make sure the sandboxes' network exists, is internal (no route out), and that the host answers
+        on its bridge only at the proxy's port."""
+        with _preparing:
+            if route.network in _prepared:
+                return
+            with self._engine():
+                _internal_network(self.api, route)
+            if route.firewall:
+                _firewall(route.bridge, route.proxy_port)
+            _prepared.add(route.network)
 
     def copy_in(self, handle: str, archive: bytes) -> None:
         """Unpack a tar (paths relative to /workspace, owned by the sandbox user) into the workspace."""
@@ -173,9 +211,10 @@ class DockerProvider:
     ) -> str:
         return self._call(handle, protocol.build_request(name, input, timeout_s=timeout_s), cancelled)
 
-    def reset(self, handle: str) -> None:
-        """Verify the toolbox of a hand that changed sessions and give it a new shell (see daemon.py)."""
-        self._call(handle, protocol.reset_request(), None)
+    def reset(self, handle: str, *, env: dict[str, str] | None = None) -> None:
+        """Verify the toolbox of a hand that changed sessions and give it a new shell (see daemon.py), with
+        the new session's variables (`env`) in place of the previous one's."""
+        self._call(handle, protocol.reset_request(env), None)
 
     def _call(self, handle: str, request: protocol.Request, cancelled: Cancelled | None) -> str:
         exec_id, reply, stopped, stderr = self._exchange(handle, request, cancelled)
@@ -301,6 +340,78 @@ class DockerProvider:
             raise SandboxError(f"the Docker engine refused: {explanation}") from None
         except (requests.exceptions.ConnectionError, docker.errors.DockerException) as error:
             raise SandboxError(f"the Docker engine is not reachable: {error}") from None
+
+
+def _internal_network(api: docker.APIClient, route: EgressRoute) -> None:
+    gateway = str(next(ipaddress.ip_network(route.subnet).hosts()))
+    try:
+        network = api.inspect_network(route.network)
+    except docker.errors.NotFound:
+        ipam = docker.types.IPAMConfig(
+            pool_configs=[docker.types.IPAMPool(subnet=route.subnet, gateway=gateway)]
+        )
+        try:
+            api.create_network(
+                route.network,
+                driver="bridge",
+                internal=True,
+                ipam=ipam,
+                options={
+                    "com.docker.network.bridge.name": route.bridge,
+                    "com.docker.network.bridge.enable_ip_masquerade": "false",
+                },
+                labels={MANAGED_LABEL: "true"},
+                check_duplicate=True,
+            )
+        except docker.errors.APIError as error:
+            if error.status_code != 409:  # 409: another process made it meanwhile
+                raise
+        network = api.inspect_network(route.network)
+    subnets = [pool.get("Subnet") for pool in (network.get("IPAM") or {}).get("Config") or []]
+    if not network.get("Internal") or route.subnet not in subnets:
+        raise SandboxError(
+            f"the Docker network {route.network} exists but is not the sandboxes' egress network (it must be "
+            f"internal, on {route.subnet}; it is {'internal' if network.get('Internal') else 'not internal'}, "
+            f"on {', '.join(map(str, subnets)) or 'no subnet'}): remove it, or set EGRESS_NETWORK to another name"
+        )
+
+
+def _firewall(bridge: str, port: int) -> None:
+    """INPUT rules for the sandboxes' bridge: the proxy's port accepted, everything else dropped, in that
+    order at the top of the chain, so no other service of the host (its database, Redis, the web server) is
+    reachable from a sandbox whatever address it listens on."""
+    iptables = shutil.which("iptables") or shutil.which("iptables", path="/usr/sbin:/sbin")
+    if iptables is None:
+        raise SandboxError(
+            "iptables is not installed, so the sandboxes' network cannot be closed to the host's services: "
+            "install it, or set EGRESS_FIREWALL=off where another firewall does this"
+        )
+    accept = ["-i", bridge, "-p", "tcp", "--dport", str(port), "-j", "ACCEPT"]
+    drop = ["-i", bridge, "-j", "DROP"]
+    wanted = [_rule_text(accept), _rule_text(drop)]
+    try:
+        listed = subprocess.run(
+            [iptables, "-w", "-S", "INPUT"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+        ours = [line for line in listed if f"-i {bridge} " in line + " "]
+        if ours == wanted:
+            return
+        for line in ours:
+            subprocess.run([iptables, "-w", "-D", *line.split()[1:]], capture_output=True, check=True)
+        subprocess.run([iptables, "-w", "-I", "INPUT", "1", *drop], capture_output=True, check=True)
+        subprocess.run([iptables, "-w", "-I", "INPUT", "1", *accept], capture_output=True, check=True)
+    except subprocess.CalledProcessError as error:
+        raise SandboxError(
+            f"the sandboxes' network could not be closed to the host's services (iptables: "
+            f"{(error.stderr or '').strip() or error.returncode}); run the workers as root, or set "
+            "EGRESS_FIREWALL=off where another firewall does this"
+        ) from None
+
+
+def _rule_text(rule: list[str]) -> str:
+    """A rule as `iptables -S` prints it."""
+    text = " ".join(rule)
+    return "-A INPUT " + text.replace("-p tcp --dport", "-p tcp -m tcp --dport")
 
 
 def _at_pids_limit(message: str) -> bool:

@@ -57,9 +57,13 @@ def build_request(name: str, input: dict[str, Any], *, timeout_s: float | None) 
     return Request(call_id, payload, limit)
 
 
-def reset_request() -> Request:
-    """What `Provider.reset` sends: the daemon stops every call and starts a new shell (a few seconds)."""
-    return Request(uuid.uuid4().hex[:16], json.dumps({"reset": True}).encode(), RESET_TIMEOUT_S)
+def reset_request(env: dict[str, str] | None = None) -> Request:
+    """What `Provider.reset` sends: the daemon stops every call and starts a new shell (a few seconds);
+    with `env`, the new shell has those variables of the new holder's in place of the previous one's."""
+    body: dict[str, Any] = {"reset": True}
+    if env is not None:
+        body["env"] = env
+    return Request(uuid.uuid4().hex[:16], json.dumps(body).encode(), RESET_TIMEOUT_S)
 
 
 def parse_reply(data: bytes) -> str:

@@ -57,6 +57,9 @@ HANDED_OVER_NOTE = (
     "the old shell's working directory, variables, functions and jobs are gone]"
 )
 PR_SET_DUMPABLE = 4
+# The variables of the session holding the sandbox (its credentials' placeholders), by name: what a reset
+# replaces.
+SESSION_ENV = "WORKBENCH_SESSION_ENV"
 
 
 def _error(kind: str, message: str) -> dict[str, Any]:
@@ -98,8 +101,14 @@ class Daemon:
             self.cancel(str(request["cancel"]))
             return {"ok": True, "output": ""}
         if request.get("reset") is True:
+            env = request.get("env")
+            if env is not None and not (
+                isinstance(env, dict)
+                and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+            ):
+                raise ValueError("env must map variable names to strings")
             try:
-                self.reset()
+                self.reset(env)
             except Failed as error:
                 return _error("failed", str(error))
             return {"ok": True, "output": ""}
@@ -138,13 +147,25 @@ class Daemon:
             else:
                 self._early_cancels.append(call_id)
 
-    def reset(self) -> None:
-        """Serve a new holder: the previous one's calls stop, and its shell's state does not carry over."""
+    def reset(self, env: dict[str, str] | None = None) -> None:
+        """Serve a new holder: the previous one's calls stop, and its shell's state does not carry over;
+        with `env`, the new shell has the new holder's session variables instead of the previous one's."""
         with self._lock:
             for call in self._calls.values():
                 call.cancel.set()
             self._early_cancels.clear()
+        if env is not None:
+            self.toolset.shell.env = with_session_env(self.toolset.shell.env, env)
         self.toolset.shell.renew(HANDED_OVER_NOTE, timeout_s=RESET_TIMEOUT_S)
+
+
+def with_session_env(base: dict[str, str], session: dict[str, str]) -> dict[str, str]:
+    """`base` with the variables of the session it had (named by SESSION_ENV) replaced by `session`'s."""
+    previous = set(filter(None, base.get(SESSION_ENV, "").split(",")))
+    env = {name: value for name, value in base.items() if name not in previous}
+    env.update(session)
+    env[SESSION_ENV] = ",".join(sorted(session))
+    return env
 
 
 def _log_failure() -> None:

@@ -1,0 +1,209 @@
+"""What the proxy reads from the database, and keeps for a few seconds so a request adds little latency.
+
+A sandbox's policy (its identity, the networking of its environment, the credentials of the session that
+holds it now, the session's repositories) is cached per sandbox for EGRESS_CACHE_SECONDS; opened secrets
+are cached per (record, secret_version), so a new value is used as soon as the policy is read again. The
+database is only read on threads (`asyncio.to_thread`): the proxy's event loop never blocks on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+from django.db import close_old_connections
+
+from sandboxes.models import Sandbox
+from vault import crypto
+from vault.models import Credential, RepositorySecret, Vault
+from vault.services import audit
+
+from .policy import EnvCredential, Repository, SandboxPolicy
+
+logger = logging.getLogger("vault.egress")
+ACTOR = "egress proxy"
+# A sandbox that is gone no longer speaks through the proxy.
+SERVED = (Sandbox.Status.PROVISIONING, Sandbox.Status.READY)
+MAX_CACHED = 10_000
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Keys:
+    """The private keyring, read again when a secret is sealed to a key it does not hold (a rotation added
+    one while the proxy runs)."""
+
+    def __init__(self) -> None:
+        self._ring: crypto.Keyring | None = None
+        self._lock = threading.Lock()
+
+    def ring(self) -> crypto.Keyring:
+        with self._lock:
+            if self._ring is None:
+                self._ring = crypto.keyring()
+            return self._ring
+
+    def unseal(self, record: Credential | RepositorySecret) -> dict[str, str]:
+        ring = self.ring()
+        if any(sealed.get("kid") not in ring.keys for sealed in record.sealed.values()):
+            with self._lock:
+                self._ring = crypto.keyring()
+                ring = self._ring
+            logger.info("egress: reloaded the vault keyring (a secret was sealed to a key it did not hold)")
+        return record.unseal(ring)
+
+
+class Loader:
+    """Reads policies from the database (on a thread), with the opened secrets cached by version."""
+
+    def __init__(self, keys: Keys) -> None:
+        self.keys = keys
+        self._secrets: dict[tuple[str, int], dict[str, str]] = {}
+        self._lock = threading.Lock()
+
+    def _opened(self, record: Credential | RepositorySecret) -> dict[str, str] | None:
+        key = (record.pk if isinstance(record.pk, str) else f"repo:{record.pk}", record.secret_version)
+        with self._lock:
+            return self._opened_locked(record, key)
+
+    def _opened_locked(
+        self, record: Credential | RepositorySecret, key: tuple[str, int]
+    ) -> dict[str, str] | None:
+        if key not in self._secrets:
+            try:
+                self._secrets[key] = self.keys.unseal(record)
+            except crypto.VaultKeyError as error:
+                logger.error("egress: a secret could not be opened (%s): %s", key[0], error)
+                return None
+            # Older versions of the same record are of no more use.
+            for old in [k for k in self._secrets if k[0] == key[0] and k != key]:
+                del self._secrets[old]
+        return self._secrets[key]
+
+    def load(self, sandbox_id: str) -> SandboxPolicy | None:
+        close_old_connections()
+        sandbox = (
+            Sandbox.objects.select_related("environment", "session")
+            .filter(id=sandbox_id, status__in=SERVED)
+            .first()
+        )
+        if sandbox is None or not sandbox.egress_token_hash:
+            return None
+        networking = (sandbox.environment.config or {}).get("networking") or {"type": "unrestricted"}
+        session = sandbox.session
+        if session is None:
+            return SandboxPolicy(sandbox.id, sandbox.egress_token_hash, "", networking)
+        vault_ids = list(session.vault_ids or [])
+        usable = list(Vault.objects.usable().filter(id__in=vault_ids).values_list("id", flat=True))
+        credentials = []
+        for credential in Credential.objects.usable().filter(
+            vault_id__in=usable, kind=Credential.Kind.ENVIRONMENT_VARIABLE
+        ):
+            opened = self._opened(credential)
+            if not opened or not opened.get("secret_value"):
+                continue
+            auth: dict[str, Any] = credential.auth
+            networking_of = auth.get("networking") or {"type": "unrestricted"}
+            location = auth.get("injection_location") or {}
+            credentials.append(
+                EnvCredential(
+                    id=credential.id,
+                    vault_id=credential.vault_id,
+                    secret_name=credential.secret_name,
+                    secret=opened["secret_value"],
+                    hosts=None
+                    if networking_of.get("type") == "unrestricted"
+                    else tuple(networking_of.get("allowed_hosts") or ()),
+                    header=bool(location.get("header", True)),
+                    body=bool(location.get("body", False)),
+                )
+            )
+        repositories = []
+        for secret in RepositorySecret.objects.filter(session_id=session.id):
+            opened = self._opened(secret)
+            if opened and opened.get("token"):
+                repositories.append(Repository(secret.resource_id, secret.url, opened["token"]))
+        return SandboxPolicy(
+            sandbox.id,
+            sandbox.egress_token_hash,
+            session.id,
+            networking,
+            tuple(credentials),
+            tuple(repositories),
+            tuple(usable),
+        )
+
+
+class Policies:
+    """The policy of each sandbox, cached for `ttl` seconds; concurrent misses for one sandbox share a load."""
+
+    def __init__(self, loader: Loader, *, ttl: float) -> None:
+        self.loader = loader
+        self.ttl = ttl
+        self._cache: dict[str, tuple[float, SandboxPolicy | None]] = {}
+        self._loading: dict[str, asyncio.Future[SandboxPolicy | None]] = {}
+
+    async def get(self, sandbox_id: str) -> SandboxPolicy | None:
+        hit = self._cache.get(sandbox_id)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        pending = self._loading.get(sandbox_id)
+        if pending is not None:
+            return await pending
+        future: asyncio.Future[SandboxPolicy | None] = asyncio.get_running_loop().create_future()
+        self._loading[sandbox_id] = future
+        try:
+            policy = await asyncio.to_thread(self.loader.load, sandbox_id)
+        except Exception as error:
+            future.set_exception(error)
+            future.exception()  # retrieved: waiters, if any, get it
+            raise
+        finally:
+            self._loading.pop(sandbox_id, None)
+        if len(self._cache) > MAX_CACHED:  # ids that do not exist, asked for many times
+            now = time.monotonic()
+            self._cache = {k: v for k, v in self._cache.items() if v[0] > now and v[1] is not None}
+        self._cache[sandbox_id] = (time.monotonic() + self.ttl, policy)
+        future.set_result(policy)
+        return policy
+
+    async def identify(self, sandbox_id: str, token: str) -> SandboxPolicy | None:
+        """The sandbox's policy if `token` is its egress token."""
+        if not sandbox_id.startswith("sbx_") or len(sandbox_id) > 40:
+            return None
+        policy = await self.get(sandbox_id)
+        if policy is None or not hmac.compare_digest(policy.token_hash, token_hash(token)):
+            return None
+        return policy
+
+
+class Auditor:
+    """Writes the audit trail on a thread of its own, in order, so a request never waits for the insert."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="egress-audit", daemon=True)
+        self._thread.start()
+
+    def write(self, action: str, *, allowed: bool, detail: str, **ids: str) -> None:
+        self._queue.put({"action": action, "allowed": allowed, "detail": detail, **ids})
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while (row := self._queue.get()) is not None:
+            try:
+                close_old_connections()
+                audit(row.pop("action"), actor=ACTOR, **row)
+            except Exception:
+                logger.exception("egress: an audit row could not be written")

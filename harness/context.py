@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from harness.mcp import exposed_name_of
 from kernel.errors import Invalid
 from sessions.selectors import get_events
 
@@ -89,14 +90,14 @@ def messages_from_events(events: Iterable[Any], *, prefix: str | None = None) ->
             add("user", [{"type": "text", "text": f"Outcome to reach: {payload.get('description', '')}"}])
         elif kind == "agent.message":
             add("assistant", _blocks(payload.get("content")))
-        elif kind in ("agent.tool_use", "agent.custom_tool_use"):
+        elif kind in ("agent.tool_use", "agent.custom_tool_use", "agent.mcp_tool_use"):
             add(
                 "assistant",
                 [
                     {
                         "type": "tool_use",
                         "id": event.uid,
-                        "name": payload["name"],
+                        "name": exposed_name_of(event),
                         "input": payload.get("input", {}),
                     }
                 ],
@@ -105,6 +106,8 @@ def messages_from_events(events: Iterable[Any], *, prefix: str | None = None) ->
             add("user", [_result_block(event, "tool_use_id")])
         elif kind == "user.custom_tool_result":
             add("user", [_result_block(event, "custom_tool_use_id")])
+        elif kind == "agent.mcp_tool_result":
+            add("user", [_result_block(event, "mcp_tool_use_id")])
     return _well_formed(messages)
 
 

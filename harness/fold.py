@@ -13,6 +13,7 @@ RESULT_TYPES = {
     "agent.tool_result": "tool_use_id",
     "user.tool_result": "tool_use_id",
     "user.custom_tool_result": "custom_tool_use_id",
+    "agent.mcp_tool_result": "mcp_tool_use_id",
 }
 STATUS_TYPES = {
     "session.status_running": "running",

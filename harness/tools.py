@@ -58,11 +58,23 @@ SAFE_TO_REPEAT = frozenset({"read", "glob", "grep", "write"})
 
 
 @dataclass(frozen=True)
+class McpTarget:
+    """Where an MCP tool lives: the agent's server (its `mcp_servers[].name` and URL) and the tool's own name."""
+
+    server: str
+    url: str
+    tool: str
+
+
+@dataclass(frozen=True)
 class Tool:
     name: str
-    kind: str  # "toolset" (runs in a sandbox), "hands" (manages sandboxes) or "custom" (the client runs it)
+    # "toolset" (runs in a sandbox), "hands" (manages sandboxes), "custom" (the client runs it) or "mcp"
+    # (an MCP server runs it: harness.mcp)
+    kind: str
     definition: dict[str, Any]
     permission: str  # "allow" or "ask"
+    mcp: McpTarget | None = None
 
 
 def agent_tools(agent: dict[str, Any], *, only: frozenset[str] | None = None) -> dict[str, Tool]:

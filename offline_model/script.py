@@ -4,7 +4,8 @@ The script is the text of the last user message that carries text (tool results 
 Lines starting with a directive steer the model; everything else is echoed:
 
     /bash <command>      call tool ``bash`` with ``{"command": <command>}``
-    /tool <name> <json>  call tool ``<name>`` with the JSON object as input
+    /tool <name> <json>  call tool ``<name>`` with the JSON object as input (an MCP tool by the name the
+                         harness offers it under, ``mcp__<server>__<tool>``)
     /think <text>        begin every answer to this script with a thinking block
     /long <N>            answer with N words (instead of the echo)
     /sleep <seconds>     wait that long before answering (at most 60 s)

@@ -266,3 +266,17 @@ EGRESS_CACHE_SECONDS = env.float("EGRESS_CACHE_SECONDS", default=5.0)
 EGRESS_BUFFER_BYTES = env.int("EGRESS_BUFFER_BYTES", default=16 * 1024 * 1024)
 # A CA file the proxy trusts for upstream servers instead of the system's (tests' local HTTPS servers).
 EGRESS_UPSTREAM_CA = env("EGRESS_UPSTREAM_CA", default="")
+
+# --- MCP tools (harness.mcp) -------------------------------------------------------------------------------
+# MCP_PROXY_URL set: the harness reaches MCP servers only through the egress proxy, which attaches the session's
+# vault credential for the server's URL (the harness never holds one); it identifies itself per session with
+# EGRESS_HARNESS_TOKEN (the header's contract is harness/mcp.py's docstring) and trusts the proxy's CA,
+# EGRESS_CA_FILE, for https servers. Empty: direct connections, so only servers needing no credential work.
+MCP_PROXY_URL = env("MCP_PROXY_URL", default="")
+EGRESS_HARNESS_TOKEN = env("EGRESS_HARNESS_TOKEN", default="")
+EGRESS_CA_FILE = env("EGRESS_CA_FILE", default="")
+# One listing or call, connection included; and how long a session's listing of a server is reused.
+MCP_TIMEOUT_SECONDS = env.float("MCP_TIMEOUT_SECONDS", default=30.0)
+MCP_TOOLS_TTL_SECONDS = env.float("MCP_TOOLS_TTL_SECONDS", default=30.0)
+# The most text (and image data) of one MCP tool result that the log keeps; the rest is cut with a note.
+MCP_RESULT_MAX_CHARS = env.int("MCP_RESULT_MAX_CHARS", default=100_000)

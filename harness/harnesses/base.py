@@ -18,6 +18,7 @@ from harness.harnesses.steps import (
     Recover,
     RunTool,
 )
+from harness.mcp import recorded_tool
 from harness.tools import Tool
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ class ToolUseHarness:
     """The loop: answer inputs with a model call, run the calls it makes, repeat until it ends its turn."""
 
     name = "base"
+    uses_mcp = False  # whether the model is offered the agent's MCP tools
 
     def __init__(self, agent: dict[str, Any]):
         self.agent = agent
@@ -49,6 +51,12 @@ class ToolUseHarness:
 
     def system(self) -> str | None:
         return self.agent.get("system")
+
+    def tool_of(self, call: ToolCall, tools: dict[str, Tool]) -> Tool | None:
+        """The tool a logged call names; an MCP call's comes from the agent's toolsets (no listing needed)."""
+        if call.use.type == "agent.mcp_tool_use":
+            return recorded_tool(self.agent, call.use) if self.uses_mcp else None
+        return tools.get(call.use.payload["name"])
 
     def extra_calls(self, calls: list[ToolCall]) -> list[ToolCall]:
         """Calls of one response this harness will not run (none, unless it limits actions per turn)."""
@@ -70,7 +78,7 @@ class ToolUseHarness:
             if call.custom:
                 waiting.append(call.id)
                 continue
-            tool = tools.get(call.use.payload["name"])
+            tool = self.tool_of(call, tools)
             if call.id in refused:
                 return CloseCall(call, f"{self.name} runs one action per turn; this call was not run.")
             if tool is not None and tool.permission == "ask" and call.confirmation is None:
@@ -94,7 +102,7 @@ class ToolUseHarness:
             through = needs_compaction(self.agent.get("context") or {"type": "full"}, brain.events)
             if through is not None:
                 return Compact(self.agent, through)
-            return CallModel(self.agent, tools, self.system())
+            return CallModel(self.agent, tools, self.system(), mcp=self.uses_mcp)
         if state.last_response_end is not None and not _idle_after_response(state):
             return EndTurn(reason=_stop_reason(state))
         return None

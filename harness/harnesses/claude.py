@@ -8,6 +8,7 @@ from harness.tools import Tool, agent_tools
 
 class ClaudeHarness(ToolUseHarness):
     name = "claude"
+    uses_mcp = True
 
     def tools(self) -> dict[str, Tool]:
         return agent_tools(self.agent)

@@ -10,8 +10,9 @@ from django.conf import settings
 
 from harness.context import context_events, messages_from_events
 from harness.fold import ToolCall
+from harness.mcp import Interrupted, McpFailure, call_tool, mcp_tool_result, mcp_tool_use, model_tools
 from harness.model import Cancelled, ModelError, stream_response
-from harness.tools import SAFE_TO_REPEAT, Tool, input_problem
+from harness.tools import SAFE_TO_REPEAT, McpTarget, Tool, input_problem
 from kernel.errors import DomainError
 from kernel.ids import new_id
 from sandboxes.hands import execute, held, sandbox_provision, sandbox_terminate, sandbox_transfer
@@ -44,6 +45,7 @@ class CallModel:
     agent: dict[str, Any]
     tools: dict[str, Tool]
     system: str | None
+    mcp: bool = False  # offer the agent's MCP tools too (listed now, or from the session's recent listing)
 
     def run(self, brain: Brain) -> None:
         _ensure_hand(brain)
@@ -72,14 +74,21 @@ class CallModel:
             "max_tokens": settings.MODEL_MAX_TOKENS,
             "messages": messages_from_events(shown, prefix=prefix),
         }
+        tools = self.tools
+        if self.mcp and self.agent.get("mcp_servers"):
+            _running(brain)  # a server that cannot be listed is a session.error of this turn
+            tools = {
+                **tools,
+                **model_tools(brain.session_id, self.agent, on_failure=lambda f: brain.emit(f.event())),
+            }
         system = self.system
-        if any(tool.kind == "hands" for tool in self.tools.values()):
+        if any(tool.kind == "hands" for tool in tools.values()):
             note = hands_note(brain.session_id, logged=brain.state.hands_seen)
             system = f"{system}\n\n{note}" if system else note
         if system:
             request["system"] = system
-        if self.tools:
-            request["tools"] = [tool.definition for tool in self.tools.values()]
+        if tools:
+            request["tools"] = [tool.definition for tool in tools.values()]
         opening: list[tuple[dict[str, Any], str | None]] = []
         if brain.state.status != "running":
             opening.append((events.status_running(), None))
@@ -123,9 +132,11 @@ class CallModel:
                 key=f"{start.uid}:end",
             )
             raise
-        self._record(brain, start, message_id, response)
+        self._record(brain, start, message_id, response, tools)
 
-    def _record(self, brain: Brain, start: Any, message_id: str, response: Any) -> None:
+    def _record(
+        self, brain: Brain, start: Any, message_id: str, response: Any, tools: dict[str, Tool]
+    ) -> None:
         """The whole response in one transaction, before any tool runs."""
         items: list[tuple[dict[str, Any], str | None]] = []
         texts = [b for b in response.blocks if b["type"] == "text"]
@@ -145,8 +156,12 @@ class CallModel:
                 ({"type": "agent.message", "id": message_id, "content": texts}, f"{start.uid}:message")
             )
         for i, block in enumerate(b for b in response.blocks if b["type"] == "tool_use"):
-            tool = self.tools.get(block["name"])
-            if tool is not None and tool.kind == "custom":
+            tool = tools.get(block["name"])
+            if tool is not None and tool.mcp is not None:
+                items.append(
+                    (mcp_tool_use(tool.mcp, block["input"], tool.permission), f"{start.uid}:tool:{i}")
+                )
+            elif tool is not None and tool.kind == "custom":
                 items.append(
                     (
                         {"type": "agent.custom_tool_use", "name": block["name"], "input": block["input"]},
@@ -187,6 +202,8 @@ class RunTool:
         name, value = self.call.use.payload["name"], dict(self.call.use.payload.get("input") or {})
         if self.tool is None:
             return _finish(brain, self.call, f"Unknown tool {name!r}: this agent has no such tool.", True)
+        if self.tool.mcp is not None:
+            return run_mcp_tool(brain, self.call, self.tool.mcp, value)
         # The host's one check: only here are hands tools and `sandbox` seen, and no sandbox is provisioned yet.
         problem = input_problem(self.tool.definition["input_schema"], value)
         if problem:
@@ -201,6 +218,23 @@ class RunTool:
         if self.recovering:
             text = f"[re-run after the previous worker stopped during this call]\n{text}"
         return _finish(brain, self.call, text, is_error)
+
+
+def run_mcp_tool(brain: Brain, call: ToolCall, target: McpTarget, value: dict[str, Any]) -> None:
+    """Call an MCP tool; a server that cannot be reached is a session.error, and the model is told the call
+    failed (the turn goes on)."""
+    brain.begin_cancellable()
+    try:
+        content, is_error = call_tool(brain.session_id, target, value, cancelled=brain.cancelled)
+    except Interrupted:
+        content = events.text_content(
+            "Interrupted by the user. The call's effect on the server is unverified."
+        )
+        is_error = True
+    except McpFailure as failure:
+        brain.emit(failure.event())
+        content, is_error = events.text_content(f"The MCP tool call failed: {failure.message}"), True
+    brain.emit(mcp_tool_result(call.id, content, is_error=is_error), key=f"{call.id}:result")
 
 
 def run_hand_tool(brain: Brain, name: str, value: dict[str, Any]) -> tuple[str, bool]:
@@ -241,7 +275,11 @@ def hands_note(session_id: str, *, logged: bool = True) -> str:
 
 
 def _finish(brain: Brain, call: ToolCall, text: str, is_error: bool) -> None:
-    brain.emit(events.tool_result(call.id, text, is_error=is_error), key=f"{call.id}:result")
+    if call.use.type == "agent.mcp_tool_use":
+        event = mcp_tool_result(call.id, events.text_content(text), is_error=is_error)
+    else:
+        event = events.tool_result(call.id, text, is_error=is_error)
+    brain.emit(event, key=f"{call.id}:result")
 
 
 def _close_request(brain: Brain, start: Any) -> None:
@@ -307,12 +345,14 @@ class Recover:
 
     def run(self, brain: Brain) -> None:
         name = self.call.use.payload["name"]
+        # An MCP tool is never re-run: its server's effects are not the toolbox's, whatever its name.
+        repeat = name in SAFE_TO_REPEAT and self.call.use.type == "agent.tool_use"
         brain.emit(
             events.brain_recovered(
-                tool_use_id=self.call.id, tool=name, action="re-run" if name in SAFE_TO_REPEAT else "closed"
+                tool_use_id=self.call.id, tool=name, action="re-run" if repeat else "closed"
             )
         )
-        if name in SAFE_TO_REPEAT and self.tool is not None:
+        if repeat and self.tool is not None:
             return RunTool(self.call, self.tool, recovering=True).run(brain)
         return CloseCall(
             self.call,

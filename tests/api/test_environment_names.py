@@ -108,7 +108,9 @@ def test_the_migration_renames_duplicate_live_names_and_keeps_the_oldest():
         gone = old.objects.create(name="dup", config={}, deleted_at="2026-01-01T00:00:00Z")
         MigrationExecutor(connection).migrate(after)
     finally:
-        MigrationExecutor(connection).migrate(after)
+        # Every app back to its latest migration (going back to 0002 also unapplied the later ones).
+        latest = MigrationExecutor(connection)
+        latest.migrate(latest.loader.graph.leaf_nodes())
     names = dict(Environment.objects.values_list("id", "name"))
     assert names[first.id] == "dup" and names[gone.id] == "dup"
     assert names[second.id] == f"dup ({second.id})" and names[third.id] == f"dup ({third.id})"

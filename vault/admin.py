@@ -12,6 +12,7 @@ from django.http import HttpRequest
 from kernel.errors import DomainError
 from vault import services
 from vault.models import Credential, CredentialUse, RepositorySecret, Vault
+from vault.rules import REPLACEABLE_SECRET
 
 
 def _actor(request: HttpRequest) -> str:
@@ -126,12 +127,7 @@ class CredentialAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Credential, form: Any, change: bool) -> None:
         secret = form.cleaned_data.get("new_secret")
-        field = {
-            "static_bearer": "token",
-            "mcp_oauth": "access_token",
-            "environment_variable": "secret_value",
-        }
-        auth = {"type": obj.kind, field[obj.kind]: secret} if secret else None
+        auth = {"type": obj.kind, REPLACEABLE_SECRET[obj.kind]: secret} if secret else None
         try:
             services.credential_update(
                 obj.vault_id,

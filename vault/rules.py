@@ -27,6 +27,8 @@ SECRET_FIELDS = {
     "mcp_oauth": ("access_token", "refresh_token", "client_secret"),
     "environment_variable": ("secret_value",),
 }
+# The field a replaced secret fills (a rotation), by kind.
+REPLACEABLE_SECRET = {kind: fields[0] for kind, fields in SECRET_FIELDS.items()}
 DEFAULT_INJECTION = {"header": True, "body": False}
 
 

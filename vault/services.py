@@ -77,9 +77,7 @@ def vault_update(vault_id: str, **changes: Unpack[VaultChanges]) -> Vault:
 @transaction.atomic
 def vault_archive(vault_id: str, *, actor: str) -> Vault:
     """Its credentials are no longer added to any session's traffic; it can still be read."""
-    vault = Vault.objects.select_for_update().filter(id=vault_id, deleted_at__isnull=True).first()
-    if vault is None:
-        raise NotFound("vault", vault_id)
+    vault = _locked_vault(vault_id)
     if vault.archived_at is None:
         vault.archived_at = timezone.now()
         vault.save(update_fields=["archived_at", "updated_at"])
@@ -90,9 +88,7 @@ def vault_archive(vault_id: str, *, actor: str) -> Vault:
 @transaction.atomic
 def vault_delete(vault_id: str, *, actor: str) -> dict[str, str]:
     """Hidden from the API, and every credential in it deleted (its secret destroyed)."""
-    vault = Vault.objects.select_for_update().filter(id=vault_id, deleted_at__isnull=True).first()
-    if vault is None:
-        raise NotFound("vault", vault_id)
+    vault = _locked_vault(vault_id)
     for credential in vault.credentials.live():
         _destroy(credential, actor=actor)
     vault.deleted_at = timezone.now()
@@ -101,10 +97,15 @@ def vault_delete(vault_id: str, *, actor: str) -> dict[str, str]:
     return {"id": vault.id, "type": "vault_deleted"}
 
 
-def _open_vault(vault_id: str) -> Vault:
+def _locked_vault(vault_id: str) -> Vault:
     vault = Vault.objects.select_for_update().filter(id=vault_id, deleted_at__isnull=True).first()
     if vault is None:
         raise NotFound("vault", vault_id)
+    return vault
+
+
+def _open_vault(vault_id: str) -> Vault:
+    vault = _locked_vault(vault_id)
     if vault.archived_at is not None:
         raise Closed(f"Vault {vault_id} is archived and takes no changes.", code="vault_archived")
     return vault

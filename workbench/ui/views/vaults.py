@@ -13,6 +13,7 @@ from django.views.decorators.http import require_POST
 
 from kernel.errors import DomainError, NotFound
 from vault.models import Credential, CredentialUse, Vault
+from vault.rules import REPLACEABLE_SECRET
 from vault.services import (
     credential_archive,
     credential_create,
@@ -23,9 +24,6 @@ from vault.services import (
 )
 from workbench.ui.forms import CredentialForm, ReplaceSecretForm, VaultForm
 from workbench.ui.http import operator_required, redirect_to, status_of
-
-# Which secret field a replacement fills, by kind.
-SECRET_FIELD = {"static_bearer": "token", "mcp_oauth": "access_token", "environment_variable": "secret_value"}
 
 
 def _actor(request: HttpRequest) -> str:
@@ -129,7 +127,7 @@ def credential_replace(request: HttpRequest, vault_id: str, credential_id: str) 
     if credential is None:
         raise Http404(f"Vault {vault_id} has no credential {credential_id!r}.")
     if form.is_valid():
-        auth = {"type": credential.kind, SECRET_FIELD[credential.kind]: form.cleaned_data["secret"]}
+        auth = {"type": credential.kind, REPLACEABLE_SECRET[credential.kind]: form.cleaned_data["secret"]}
         try:
             credential_update(vault.id, credential.id, actor=_actor(request), auth=auth)
         except DomainError as error:

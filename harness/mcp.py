@@ -17,28 +17,21 @@ HTTP error; `mcp_authentication_failed_error`: the server's 401/403), with `retr
 turn goes on, the model told that the call failed (or offered the other servers' tools when a listing
 failed), and the next listing or call connects again.
 
-The credential boundary: the contract with the egress proxy (`vault/egress`). The harness never adds, holds
-or sees a credential. With `settings.MCP_PROXY_URL` set, every MCP request goes through that proxy (plain
-http as absolute-form requests; https through a CONNECT tunnel, the proxy's CA, `EGRESS_CA_FILE`, trusted
-for the intercepted TLS) and carries one header of ours, on each plain request and on each CONNECT (never
-inside a tunnel, so the proxy ties the tunnel to it):
-
-    Proxy-Authorization: Basic base64("session:" + session_id + ":" + EGRESS_HARNESS_TOKEN)
-
-that is, Basic credentials with the user-id `session` and the password `<session_id>:<token>` (session ids
-hold no colon: split the decoded string at its first two colons). The proxy checks the token (a 407 if
-wrong: the harness reports a connection error naming EGRESS_HARNESS_TOKEN), finds the session's
-`vault_ids`, picks the credential whose `mcp_server_url` matches the request's URL (as `vault.rules`
-normalises it), refreshes an expired `mcp_oauth` token, sets `Authorization: Bearer …` upstream and drops
-`Proxy-Authorization`. Without a credential it forwards the request as it is, so the server's own 401
-comes back (`mcp_authentication_failed_error`). The token speaks for every session, so the proxy should
-take `session:` identities only from where harness workers connect, never from the sandboxes' network.
-Without MCP_PROXY_URL the harness connects directly, and only servers that need no credential work.
+The credential boundary: the harness never adds, holds or sees a credential. With
+`settings.EGRESS_HARNESS_URL` set, every MCP request goes through the egress proxy's door for the workers
+(plain http as absolute-form requests; https through a CONNECT tunnel, the proxy's CA, `EGRESS_CA_FILE`,
+trusted for the intercepted TLS), speaking for the session with the identity `kernel.egress` defines, on each
+plain request and on each CONNECT (never inside a tunnel, so the proxy ties the tunnel to it). The proxy
+checks it (a 407 if wrong: the harness reports a connection error naming EGRESS_HARNESS_TOKEN), picks the
+credential of the session's vaults whose `mcp_server_url` matches the request's URL (as `vault.rules`
+normalises it), refreshes an expired `mcp_oauth` token, sets `Authorization: Bearer …` upstream, and takes
+the token out of whatever comes back. Without a credential it forwards the request as it is, so the
+server's own 401 comes back (`mcp_authentication_failed_error`). Without EGRESS_HARNESS_URL the harness
+connects directly, and only servers that need no credential work.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import re
@@ -57,6 +50,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from harness.tools import McpTarget, Tool
+from kernel.egress import harness_authorization
 from sessions import events
 
 PREFIX = "mcp__"
@@ -174,7 +168,7 @@ def _failure(server: str, seen: _Seen, error: BaseException | None) -> McpFailur
     text = f"{type(error).__name__}: {error}" if error is not None else ""
     if status is None and "407" in text:
         status = 407
-    proxied = bool(settings.MCP_PROXY_URL)
+    proxied = bool(settings.EGRESS_HARNESS_URL)
     if status == 407:
         return McpFailure(
             CONNECTION_FAILED,
@@ -186,7 +180,7 @@ def _failure(server: str, seen: _Seen, error: BaseException | None) -> McpFailur
         if proxied:
             why = "the session's vaults hold no valid credential for its URL, or the server refused it"
         else:
-            why = "the egress proxy is not configured (MCP_PROXY_URL), so no vault credential can be attached"
+            why = "the egress proxy is not configured (EGRESS_HARNESS_URL), so no vault credential can be attached"
         return McpFailure(
             AUTHENTICATION_FAILED,
             server,
@@ -219,12 +213,6 @@ def _short(text: str, limit: int = 300) -> str:
 # -- talking to a server
 
 
-def proxy_authorization(session_id: str) -> str:
-    """The harness's identity at the egress proxy for `session_id` (the contract: the module's docstring)."""
-    raw = f"session:{session_id}:{settings.EGRESS_HARNESS_TOKEN}".encode()
-    return "Basic " + base64.b64encode(raw).decode("ascii")
-
-
 def _http_client(session_id: str, seen: _Seen) -> httpx2.AsyncClient:
     timeout = httpx2.Timeout(settings.MCP_TIMEOUT_SECONDS)
     options: dict[str, Any] = {
@@ -232,9 +220,9 @@ def _http_client(session_id: str, seen: _Seen) -> httpx2.AsyncClient:
         "trust_env": False,  # the route out is the proxy setting, never an inherited HTTP(S)_PROXY
         "event_hooks": {"response": [seen.response]},
     }
-    if settings.MCP_PROXY_URL:
+    if settings.EGRESS_HARNESS_URL:
         options["proxy"] = httpx2.Proxy(
-            settings.MCP_PROXY_URL, headers={"Proxy-Authorization": proxy_authorization(session_id)}
+            settings.EGRESS_HARNESS_URL, headers={"Proxy-Authorization": harness_authorization(session_id)}
         )
         if settings.EGRESS_CA_FILE:
             options["verify"] = ssl.create_default_context(cafile=settings.EGRESS_CA_FILE)

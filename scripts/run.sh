@@ -30,6 +30,12 @@ export EGRESS_CONTROL_TOKEN=${EGRESS_CONTROL_TOKEN:-$(python3 -c 'import secrets
 if .venv/bin/python -m vault.egress network; then
   export SANDBOX_EGRESS=${SANDBOX_EGRESS:-true}
   processes+=(egress)
+  # The proxy's door for the workers (MCP calls, repository clones), on loopback: they speak for a session
+  # with EGRESS_HARNESS_TOKEN, and the proxy adds the session's credentials.
+  export EGRESS_HARNESS_LISTEN=${EGRESS_HARNESS_LISTEN:-127.0.0.1:${EGRESS_HARNESS_PORT:-3129}}
+  export EGRESS_HARNESS_URL=${EGRESS_HARNESS_URL:-http://$EGRESS_HARNESS_LISTEN}
+  export EGRESS_HARNESS_TOKEN=${EGRESS_HARNESS_TOKEN:-$(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')}
+  export EGRESS_CA_FILE=${EGRESS_CA_FILE:-${EGRESS_DATA_DIR:-.egress}/sandbox-ca-bundle.crt}
 else
   echo "run: no sandbox network (no Docker engine, or no iptables): sandboxes run without network" >&2
   export SANDBOX_EGRESS=false

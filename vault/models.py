@@ -65,11 +65,12 @@ class SealedSecret(models.Model):
         """The associated data a field's secret is bound to: the record's ids and the field."""
         raise NotImplementedError
 
-    def seal(self, secrets: dict[str, str]) -> None:
-        """Seal `secrets` (field -> value) over the stored ones, with the installation's public key."""
+    def seal(self, secrets: dict[str, str], *, public: crypto.PublicKeyring | None = None) -> None:
+        """Seal `secrets` (field -> value) over the stored ones, with the installation's public key (or
+        `public`: the egress proxy seals a refreshed token with its own keyring's)."""
         self.sealed = {
             **self.sealed,
-            **{f: crypto.seal(v, self.aad(f)).as_json() for f, v in secrets.items()},
+            **{f: crypto.seal(v, self.aad(f), public).as_json() for f, v in secrets.items()},
         }
 
     def unseal(self, ring: crypto.Keyring) -> dict[str, str]:

@@ -267,14 +267,20 @@ EGRESS_BUFFER_BYTES = env.int("EGRESS_BUFFER_BYTES", default=16 * 1024 * 1024)
 # A CA file the proxy trusts for upstream servers instead of the system's (tests' local HTTPS servers).
 EGRESS_UPSTREAM_CA = env("EGRESS_UPSTREAM_CA", default="")
 
-# --- MCP tools (harness.mcp) -------------------------------------------------------------------------------
-# MCP_PROXY_URL set: the harness reaches MCP servers only through the egress proxy, which attaches the session's
-# vault credential for the server's URL (the harness never holds one); it identifies itself per session with
-# EGRESS_HARNESS_TOKEN (the header's contract is harness/mcp.py's docstring) and trusts the proxy's CA,
-# EGRESS_CA_FILE, for https servers. Empty: direct connections, so only servers needing no credential work.
-MCP_PROXY_URL = env("MCP_PROXY_URL", default="")
+# The proxy's door for the platform's own processes (kernel/egress.py). EGRESS_HARNESS_URL set: the harness
+# reaches MCP servers, and the worker clones a session's repositories, only through it; the proxy attaches the
+# session's credential for the URL (the workers never hold one). They speak for a session with
+# EGRESS_HARNESS_TOKEN and trust the proxy's CA, EGRESS_CA_FILE, for https. The proxy listens for them at
+# EGRESS_HARNESS_LISTEN (host:port; never on the sandboxes' network). Empty URL: direct connections, so only
+# MCP servers and repositories needing no credential work.
+EGRESS_HARNESS_URL = env("EGRESS_HARNESS_URL", default="")
+EGRESS_HARNESS_LISTEN = env("EGRESS_HARNESS_LISTEN", default="127.0.0.1:3129")
 EGRESS_HARNESS_TOKEN = env("EGRESS_HARNESS_TOKEN", default="")
 EGRESS_CA_FILE = env("EGRESS_CA_FILE", default="")
+# An mcp_oauth token this close to its expires_at is refreshed before the request that would use it.
+EGRESS_REFRESH_MARGIN_SECONDS = env.float("EGRESS_REFRESH_MARGIN_SECONDS", default=60.0)
+
+# --- MCP tools (harness.mcp) -------------------------------------------------------------------------------
 # One listing or call, connection included; and how long a session's listing of a server is reused.
 MCP_TIMEOUT_SECONDS = env.float("MCP_TIMEOUT_SECONDS", default=30.0)
 MCP_TOOLS_TTL_SECONDS = env.float("MCP_TOOLS_TTL_SECONDS", default=30.0)

@@ -109,11 +109,11 @@ async def garbage(scope: Any, receive: Any, send: Any) -> None:
 
 
 @contextmanager
-def serving(app: Any) -> Iterator[str]:
-    """`app` on 127.0.0.1 under uvicorn in a thread; yields its base URL."""
+def serving(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
+    """`app` on `host` under uvicorn in a thread; yields its base URL."""
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1)
+        uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=1)
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -122,7 +122,7 @@ def serving(app: Any) -> Iterator[str]:
         assert time.monotonic() < deadline and thread.is_alive(), "the MCP test server did not start"
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{host}:{port}"
     finally:
         server.should_exit = True
         thread.join(10)
@@ -137,7 +137,7 @@ def mcp_url() -> Iterator[str]:
 @pytest.fixture(autouse=True)
 def fresh_listings() -> Iterator[None]:
     mcp.listings.clear()
-    with override_settings(MCP_PROXY_URL="", MCP_TIMEOUT_SECONDS=10.0):
+    with override_settings(EGRESS_HARNESS_URL="", MCP_TIMEOUT_SECONDS=10.0):
         yield
     mcp.listings.clear()
     # The process's brain watcher queried the database for these brains; let it give its connection back
@@ -384,7 +384,7 @@ def test_an_mcp_call_a_dead_brain_left_open_is_closed_as_unverified(model_url, m
 
 
 def test_the_proxy_gets_the_harness_identity_and_attaches_the_credential(model_url):
-    """Through MCP_PROXY_URL: every request carries the session's Proxy-Authorization and no Authorization;
+    """Through EGRESS_HARNESS_URL: every request carries the session's Proxy-Authorization and no Authorization;
     a stand-in for the egress proxy checks the identity and adds the bearer token, so the call succeeds."""
     seen: list[dict[str, str]] = []
     with (
@@ -393,7 +393,7 @@ def test_the_proxy_gets_the_harness_identity_and_attaches_the_credential(model_u
     ):
         session_id = mcp_session(f"{upstream}/mcp")
         say(session_id, '/tool mcp__tools__echo {"text": "via proxy"}')
-        with override_settings(MCP_PROXY_URL=proxy, EGRESS_HARNESS_TOKEN="harness-secret"):
+        with override_settings(EGRESS_HARNESS_URL=proxy, EGRESS_HARNESS_TOKEN="harness-secret"):
             run_brain(session_id)
     [result] = of(session_id, "agent.mcp_tool_result")
     assert texts(result) == "echo: via proxy", texts(result)
@@ -418,7 +418,7 @@ def test_through_the_proxy_a_refused_identity_or_a_missing_credential_is_a_clear
     ):
         session_id = mcp_session(f"{upstream}/mcp")
         say(session_id, "hello")
-        with override_settings(MCP_PROXY_URL=proxy, EGRESS_HARNESS_TOKEN=harness_token):
+        with override_settings(EGRESS_HARNESS_URL=proxy, EGRESS_HARNESS_TOKEN=harness_token):
             run_brain(session_id)
     [error] = of(session_id, "session.error")
     assert error.payload["error"]["type"] == kind and says in error.payload["error"]["message"]
@@ -633,7 +633,9 @@ def test_https_through_the_proxy_identifies_on_connect_and_trusts_the_proxy_ca(m
         with tunnel_proxy(heads) as proxy:
             session_id = mcp_session(f"https://127.0.0.1:{port}/mcp")
             say(session_id, '/tool mcp__tools__echo {"text": "tls"}')
-            with override_settings(MCP_PROXY_URL=proxy, EGRESS_HARNESS_TOKEN="t0ken", EGRESS_CA_FILE=cert):
+            with override_settings(
+                EGRESS_HARNESS_URL=proxy, EGRESS_HARNESS_TOKEN="t0ken", EGRESS_CA_FILE=cert
+            ):
                 run_brain(session_id)
     finally:
         server.should_exit = True

@@ -11,10 +11,11 @@ import base64
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from vault.rules import host_matches
+from vault.rules import host_matches, mcp_url_key
 
 PLACEHOLDER_PREFIX = "wbph_"
 REDACTED = "[redacted by the egress proxy]"
@@ -109,6 +110,48 @@ class SandboxPolicy:
             basic = repository.authorization().removeprefix("Basic ").encode()
             pairs += [(basic, REDACTED.encode()), (repository.token.encode(), REDACTED.encode())]
         # The longest first, so a secret holding another is replaced whole.
+        return sorted(pairs, key=lambda pair: -len(pair[0]))
+
+
+@dataclass(frozen=True)
+class McpCredential:
+    """An MCP credential (static_bearer or mcp_oauth) as the workers' door applies it: its token opened."""
+
+    id: str
+    vault_id: str
+    kind: str
+    url_key: str  # vault.rules.mcp_url_key of its mcp_server_url
+    token: str
+    secret_version: int
+    expires_at: str | None = None  # mcp_oauth: RFC 3339
+    refreshable: bool = False  # mcp_oauth with refresh settings and a refresh token
+
+    def expired(self, now: float, margin: float) -> bool:
+        if not self.expires_at:
+            return False
+        moment = datetime.fromisoformat(self.expires_at.replace("Z", "+00:00"))
+        return moment.timestamp() <= now + margin
+
+
+@dataclass(frozen=True)
+class SessionPolicy:
+    """What the workers' door adds for one session: the MCP credentials of its vaults (the first vault the
+    session lists wins for a server), and its repositories' tokens."""
+
+    session_id: str
+    credentials: tuple[McpCredential, ...] = ()
+    repositories: tuple[Repository, ...] = ()
+    vault_ids: tuple[str, ...] = ()
+
+    def credential_for(self, url: str) -> McpCredential | None:
+        key = mcp_url_key(url)
+        return next((c for c in self.credentials if c.url_key == key), None)
+
+    def secrets(self) -> list[tuple[bytes, bytes]]:
+        pairs = [(c.token.encode(), REDACTED.encode()) for c in self.credentials if c.token]
+        for repository in self.repositories:
+            basic = repository.authorization().removeprefix("Basic ").encode()
+            pairs += [(basic, REDACTED.encode()), (repository.token.encode(), REDACTED.encode())]
         return sorted(pairs, key=lambda pair: -len(pair[0]))
 
 

@@ -24,6 +24,7 @@ from vault import crypto
 
 from .addon import Egress
 from .control import Control
+from .door import Door
 from .policy import private_allowed
 from .resolver import Resolver
 from .state import Auditor, Keys, Loader, Policies
@@ -86,14 +87,33 @@ async def serve(*, listen_host: str | None = None) -> None:
     resolver = Resolver(loop, private_allowed(settings.EGRESS_PRIVATE_ALLOWED))
     resolver.install(loop)
     auditor = Auditor()
+    policies = Policies(Loader(keys), ttl=settings.EGRESS_CACHE_SECONDS)
+    door = None
+    modes = [f"regular@{host}:{port}"]
+    if settings.EGRESS_HARNESS_LISTEN:
+        door_host, _, door_port = settings.EGRESS_HARNESS_LISTEN.rpartition(":")
+        door = Door(
+            spec=f"regular@{door_host or '127.0.0.1'}:{int(door_port)}",
+            token=settings.EGRESS_HARNESS_TOKEN,
+            sandbox_subnet=settings.EGRESS_SUBNET,
+            policies=policies,
+            resolver=resolver,
+            keys=keys,
+            ca_file=settings.EGRESS_UPSTREAM_CA,
+            refresh_margin=settings.EGRESS_REFRESH_MARGIN_SECONDS,
+        )
+        modes.append(door.spec)
+        if not settings.EGRESS_HARNESS_TOKEN:
+            logger.warning("egress: EGRESS_HARNESS_TOKEN is not set: the workers' door refuses every request")
     egress = Egress(
-        Policies(Loader(keys), ttl=settings.EGRESS_CACHE_SECONDS),
+        policies,
         resolver,
         auditor,
         repository_plain_hosts=list(settings.REPOSITORY_PLAIN_HOSTS),
         buffer_bytes=settings.EGRESS_BUFFER_BYTES,
+        door=door,
     )
-    opts = options.Options(listen_host=host, listen_port=port, confdir=str(confdir))
+    opts = options.Options(mode=modes, confdir=str(confdir))
     master = Master(opts)
     # Only what proxying needs: each addon more is one more call on every event of every flow (mitmproxy's
     # ~30 default addons doubled the latency it adds), and some would answer requests themselves (its
@@ -119,10 +139,19 @@ async def serve(*, listen_host: str | None = None) -> None:
     started = time.time()
 
     def health() -> dict[str, Any]:
-        return {"listening": f"{host}:{port}", "uptime_s": round(time.time() - started, 1)}
+        return {
+            "listening": f"{host}:{port}",
+            "workers_door": settings.EGRESS_HARNESS_LISTEN if door else None,
+            "uptime_s": round(time.time() - started, 1),
+        }
 
     control = (
-        Control(settings.EGRESS_CONTROL_URL, token=settings.EGRESS_CONTROL_TOKEN, health=health)
+        Control(
+            settings.EGRESS_CONTROL_URL,
+            token=settings.EGRESS_CONTROL_TOKEN,
+            health=health,
+            validate=door.validate if door else None,
+        )
         if (settings.EGRESS_CONTROL_URL)
         else None
     )

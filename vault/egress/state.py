@@ -18,19 +18,22 @@ import time
 from typing import Any
 
 from django.db import close_old_connections
+from django.utils import timezone
 
 from sandboxes.models import Sandbox
+from sessions.models import Session
 from vault import crypto
 from vault.models import Credential, RepositorySecret, Vault
 from vault.services import audit
 
-from .policy import EnvCredential, Repository, SandboxPolicy
+from .policy import EnvCredential, McpCredential, Repository, SandboxPolicy, SessionPolicy
 
 logger = logging.getLogger("vault.egress")
 ACTOR = "egress proxy"
 # A sandbox that is gone no longer speaks through the proxy.
 SERVED = (Sandbox.Status.PROVISIONING, Sandbox.Status.READY)
 MAX_CACHED = 10_000
+SESSION_KEY = "session:"
 
 
 def token_hash(token: str) -> str:
@@ -88,8 +91,14 @@ class Loader:
                 del self._secrets[old]
         return self._secrets[key]
 
-    def load(self, sandbox_id: str) -> SandboxPolicy | None:
+    def load(self, key: str) -> SandboxPolicy | SessionPolicy | None:
+        """The policy of a sandbox (`sbx_…`) or of a session at the workers' door (`session:<id>`)."""
         close_old_connections()
+        if key.startswith(SESSION_KEY):
+            return self.load_session(key.removeprefix(SESSION_KEY))
+        return self.load_sandbox(key)
+
+    def load_sandbox(self, sandbox_id: str) -> SandboxPolicy | None:
         sandbox = (
             Sandbox.objects.select_related("environment", "session")
             .filter(id=sandbox_id, status__in=SERVED)
@@ -126,20 +135,60 @@ class Loader:
                     body=bool(location.get("body", False)),
                 )
             )
-        repositories = []
-        for secret in RepositorySecret.objects.filter(session_id=session.id):
-            opened = self._opened(secret)
-            if opened and opened.get("token"):
-                repositories.append(Repository(secret.resource_id, secret.url, opened["token"]))
         return SandboxPolicy(
             sandbox.id,
             sandbox.egress_token_hash,
             session.id,
             networking,
             tuple(credentials),
-            tuple(repositories),
+            self._repositories(session.id),
             tuple(usable),
         )
+
+    def _repositories(self, session_id: str) -> tuple[Repository, ...]:
+        repositories = []
+        for secret in RepositorySecret.objects.filter(session_id=session_id):
+            opened = self._opened(secret)
+            if opened and opened.get("token"):
+                repositories.append(Repository(secret.resource_id, secret.url, opened["token"]))
+        return tuple(repositories)
+
+    def load_session(self, session_id: str) -> SessionPolicy | None:
+        session = (
+            Session.objects.filter(id=session_id, deleted_at__isnull=True).only("id", "vault_ids").first()
+        )
+        if session is None:
+            return None
+        order = {vault_id: i for i, vault_id in enumerate(session.vault_ids or [])}
+        usable = sorted(
+            Vault.objects.usable().filter(id__in=list(order)).values_list("id", flat=True),
+            key=order.__getitem__,
+        )
+        found = Credential.objects.usable().filter(
+            vault_id__in=usable, kind__in=[Credential.Kind.STATIC_BEARER, Credential.Kind.MCP_OAUTH]
+        )
+        credentials = []
+        for credential in sorted(found, key=lambda c: order[c.vault_id]):
+            opened = self._opened(credential)
+            token = (opened or {}).get(
+                "token" if credential.kind == Credential.Kind.STATIC_BEARER else "access_token"
+            )
+            if not token:
+                continue
+            auth: dict[str, Any] = credential.auth
+            credentials.append(
+                McpCredential(
+                    id=credential.id,
+                    vault_id=credential.vault_id,
+                    kind=credential.kind,
+                    url_key=credential.mcp_server,
+                    token=token,
+                    secret_version=credential.secret_version,
+                    expires_at=auth.get("expires_at"),
+                    refreshable=bool(auth.get("refresh") and (opened or {}).get("refresh_token")),
+                )
+            )
+        return SessionPolicy(session.id, tuple(credentials), self._repositories(session.id), tuple(usable))
 
 
 class Policies:
@@ -148,30 +197,42 @@ class Policies:
     def __init__(self, loader: Loader, *, ttl: float) -> None:
         self.loader = loader
         self.ttl = ttl
-        self._cache: dict[str, tuple[float, SandboxPolicy | None]] = {}
-        self._loading: dict[str, asyncio.Future[SandboxPolicy | None]] = {}
+        self._cache: dict[str, tuple[float, Any]] = {}
+        self._loading: dict[str, asyncio.Future[Any]] = {}
 
     async def get(self, sandbox_id: str) -> SandboxPolicy | None:
-        hit = self._cache.get(sandbox_id)
+        policy = await self.of(sandbox_id)
+        return policy if isinstance(policy, SandboxPolicy) else None
+
+    async def session(self, session_id: str) -> SessionPolicy | None:
+        policy = await self.of(SESSION_KEY + session_id)
+        return policy if isinstance(policy, SessionPolicy) else None
+
+    def forget(self, key: str) -> None:
+        """Read `key`'s policy afresh next time (a credential of it changed here)."""
+        self._cache.pop(key, None)
+
+    async def of(self, key: str) -> SandboxPolicy | SessionPolicy | None:
+        hit = self._cache.get(key)
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]
-        pending = self._loading.get(sandbox_id)
+        pending = self._loading.get(key)
         if pending is not None:
             return await pending
-        future: asyncio.Future[SandboxPolicy | None] = asyncio.get_running_loop().create_future()
-        self._loading[sandbox_id] = future
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._loading[key] = future
         try:
-            policy = await asyncio.to_thread(self.loader.load, sandbox_id)
+            policy = await asyncio.to_thread(self.loader.load, key)
         except Exception as error:
             future.set_exception(error)
             future.exception()  # retrieved: waiters, if any, get it
             raise
         finally:
-            self._loading.pop(sandbox_id, None)
+            self._loading.pop(key, None)
         if len(self._cache) > MAX_CACHED:  # ids that do not exist, asked for many times
             now = time.monotonic()
             self._cache = {k: v for k, v in self._cache.items() if v[0] > now and v[1] is not None}
-        self._cache[sandbox_id] = (time.monotonic() + self.ttl, policy)
+        self._cache[key] = (time.monotonic() + self.ttl, policy)
         future.set_result(policy)
         return policy
 
@@ -183,6 +244,19 @@ class Policies:
         if policy is None or not hmac.compare_digest(policy.token_hash, token_hash(token)):
             return None
         return policy
+
+    async def identify_session(self, password: str, harness_token: str) -> SessionPolicy | None:
+        """At the workers' door: the session's policy if `password` is `<session_id>:<EGRESS_HARNESS_TOKEN>`."""
+        session_id, sep, token = password.partition(":")
+        if (
+            not sep
+            or not harness_token
+            or not hmac.compare_digest(token_hash(token), token_hash(harness_token))
+        ):
+            return None
+        if not session_id or len(session_id) > 40:
+            return None
+        return await self.session(session_id)
 
 
 class Auditor:
@@ -204,6 +278,9 @@ class Auditor:
         while (row := self._queue.get()) is not None:
             try:
                 close_old_connections()
-                audit(row.pop("action"), actor=ACTOR, **row)
+                action = row.pop("action")
+                audit(action, actor=ACTOR, **row)
+                if action == "inject" and row.get("credential_id"):
+                    Credential.objects.filter(id=row["credential_id"]).update(last_used_at=timezone.now())
             except Exception:
                 logger.exception("egress: an audit row could not be written")

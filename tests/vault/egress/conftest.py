@@ -1,6 +1,8 @@
 """The egress proxy as a real process (from .venv-egress) against the test database, a Docker network of this
 run's own for its sandboxes, and local servers that stand for the outside: two echoing HTTPS hosts
-(127.0.0.1 and 127.0.0.2) and a git server that requires a token.
+(127.0.0.1 and 127.0.0.2) and a git server that requires a token. The proxy's workers' door listens on
+loopback (`door_url`, with `harness_token`); tests' own servers for it (MCP servers, token endpoints) listen
+on 127.0.0.3 (DOOR_HOST), which the proxy may reach on any port.
 
 Sandboxes reach the host's loopback only through the proxy, so the tests' commands in a sandbox clear
 NO_PROXY (which lists 127.0.0.1 for the sandbox's own loopback) to send those addresses to the proxy.
@@ -34,6 +36,7 @@ EGRESS_PYTHON = ROOT / ".venv-egress" / "bin" / "python"
 GIT_TOKEN = "ghp_canary_git_7d1e0c9a5b3f"
 RUN = uuid.uuid4().hex[:8]
 STREAMED_OVER = 2048
+DOOR_HOST = "127.0.0.3"
 
 
 @dataclass
@@ -48,6 +51,17 @@ class Egress:
     ca: TestCA
     log: Path
     keyring_file: Path
+    door_url: str  # the workers' door (EGRESS_HARNESS_URL)
+    harness_token: str
+    bundle: Path  # the CA bundle the proxy writes (EGRESS_CA_FILE for the workers)
+
+    def harness_settings(self) -> dict[str, Any]:
+        """The settings a worker (this test process) uses to speak through the door."""
+        return {
+            "EGRESS_HARNESS_URL": self.door_url,
+            "EGRESS_HARNESS_TOKEN": self.harness_token,
+            "EGRESS_CA_FILE": str(self.bundle),
+        }
 
 
 def _taken_subnets() -> list[ipaddress.IPv4Network]:
@@ -121,6 +135,8 @@ def egress(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: Any) 
     subnet = _free_subnet()
     port = free_port()
     control_port = free_port()
+    door_port = free_port()
+    harness_token = f"harness-{uuid.uuid4().hex}"
     names = {
         "SANDBOX_EGRESS": True,
         "EGRESS_NETWORK": f"workbench-egress-test-{RUN}",
@@ -150,7 +166,11 @@ def egress(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: Any) 
                 env = child_env(
                     **{k: (",".join(v) if isinstance(v, list) else str(v)) for k, v in names.items()},
                     VAULT_KEY_FILE=str(keyring_file),
-                    EGRESS_PRIVATE_ALLOWED=f"127.0.0.1:{echo.port},127.0.0.2:{other.port},127.0.0.1:{git.port}",
+                    EGRESS_PRIVATE_ALLOWED=(
+                        f"127.0.0.1:{echo.port},127.0.0.2:{other.port},127.0.0.1:{git.port},{DOOR_HOST}"
+                    ),
+                    EGRESS_HARNESS_LISTEN=f"127.0.0.1:{door_port}",
+                    EGRESS_HARNESS_TOKEN=harness_token,
                     EGRESS_UPSTREAM_CA=str(ca.ca_file),
                     EGRESS_CONTROL_URL=f"http://127.0.0.1:{control_port}",
                     EGRESS_CONTROL_TOKEN="control-token",
@@ -175,6 +195,9 @@ def egress(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: Any) 
                 ca=ca,
                 log=log,
                 keyring_file=keyring_file,
+                door_url=f"http://127.0.0.1:{door_port}",
+                harness_token=harness_token,
+                bundle=folder / "data" / "sandbox-ca-bundle.crt",
             )
     finally:
         if process is not None:

@@ -45,10 +45,23 @@ async def test_the_resolver_keeps_its_answer_so_a_second_resolution_cannot_chang
     assert (await resolver.getaddrinfo("rebind.example", 443))[0][4][0] == "93.184.215.14"
 
 
-def test_the_control_endpoint_answers_healthz_and_refuses_validate_for_now():
+def test_the_control_endpoint_answers_healthz_and_checks_validate_requests():
     control = Control("http://127.0.0.1:1", token="t", health=lambda: {"listening": "x"})
     status, _, body = control.answer("GET /healthz HTTP/1.1\r\nHost: x").partition(b"\r\n\r\n")
     assert status.startswith(b"HTTP/1.1 200") and json.loads(body)["status"] == "ok"
     assert control.answer("POST /validate HTTP/1.1\r\n").startswith(b"HTTP/1.1 401")
+    # Without a workers' door there is nothing to validate with.
     assert control.answer("POST /validate HTTP/1.1\r\nAuthorization: Bearer t").startswith(b"HTTP/1.1 501")
     assert control.answer("GET /other HTTP/1.1\r\n").startswith(b"HTTP/1.1 404")
+
+    async def validate(request):
+        return 200, request
+
+    control = Control("http://127.0.0.1:1", token="t", health=dict, validate=validate)
+    head = "POST /validate HTTP/1.1\r\nAuthorization: Bearer t\r\nContent-Length: "
+    assert control.answer(head + "9").length == 9
+    assert control.answer(head + "many").startswith(b"HTTP/1.1 400")
+    assert control.answer(head + str(10**6)).startswith(b"HTTP/1.1 400")
+    assert control.answer("GET /validate HTTP/1.1\r\nAuthorization: Bearer t").startswith(b"HTTP/1.1 405")
+    answer = asyncio.run(control._validate(b"[1]"))
+    assert answer.startswith(b"HTTP/1.1 400") and b"JSON object" in answer

@@ -9,8 +9,6 @@ import json
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -239,17 +237,9 @@ def test_a_request_without_a_valid_sandbox_identity_gets_a_407_that_says_why(egr
     assert "407" in out and "serves sandboxes only" in out, out
 
 
-def test_the_control_endpoint_answers_healthz_and_says_validate_is_not_built(egress: Egress):
+def test_the_control_endpoint_answers_healthz_and_its_door(egress: Egress):
     assert healthz(egress)["status"] == "ok"
-    request = urllib.request.Request(
-        f"{egress.control_url}/validate",
-        method="POST",
-        data=b"{}",
-        headers={"Authorization": "Bearer control-token"},
-    )
-    with pytest.raises(urllib.error.HTTPError) as error:
-        urllib.request.urlopen(request, timeout=2)
-    assert error.value.code == 501
+    assert healthz(egress)["workers_door"] == egress.door_url.removeprefix("http://")
 
 
 def test_git_clone_pull_and_push_through_the_proxy_land_with_the_token_never_in_the_sandbox(

@@ -124,7 +124,9 @@ def sandbox_provision(session_id: str, *, name: str = DEFAULT_HAND, emit: Emit |
         )
     )
     if session.resources:
-        checkout_repositories(provider_of(sandbox), sandbox.handle, session.resources, emit)
+        checkout_repositories(
+            provider_of(sandbox), sandbox.handle, session.resources, emit, session_id=session.id
+        )
     return sandbox
 
 

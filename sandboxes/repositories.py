@@ -1,10 +1,14 @@
 """Putting a session's repositories into a new sandbox.
 
-The worker clones (the sandbox has no network, and a repository token must never enter it) and copies the
-tree into the sandbox's workspace. The worker holds the Docker socket, so what it hands git is checked first,
-by the resource's documented shape (reference §6.1): at the API, and here again for rows stored before the API
-checked. git then runs with no configuration but its command line's, speaking only the URL's own protocol. A
-repository that cannot be cloned is a `session.error` the session continues past, as the reference specifies.
+The worker clones and copies the tree into the sandbox's workspace; a repository token reaches neither.
+Tokens are sealed in the vault (a layer above this one), and only the egress proxy opens them: with
+EGRESS_HARNESS_URL set, git speaks through the proxy's door for the workers, as the session it clones for
+(kernel/egress.py), and the proxy adds the token to the requests under the repository's URL. Without it
+the clone goes out directly, with no credential, so only a public repository clones. The worker holds the
+Docker socket, so what it hands git is checked first, by the resource's documented shape (reference §6.1):
+at the API, and here again for rows stored before the API checked. git then runs with no configuration but
+its command line's, speaking only the URL's own protocol. A repository that cannot be cloned is a
+`session.error` the session continues past, as the reference specifies.
 """
 
 from __future__ import annotations
@@ -16,21 +20,21 @@ import re
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from django.conf import settings
 
 from kernel.api.validation import expect, no_unknown_fields, text
+from kernel.egress import harness_proxied, harness_proxy_url
 from kernel.errors import Invalid
 from sandboxes.providers import SandboxError
 from sessions import events
 
 WORKSPACE = "/workspace/"
 CLONE_TIMEOUT_SECONDS = 300
-# The user name GitHub takes with an access token as the password.
-TOKEN_USERNAME = "x-access-token"
 # git check-ref-format's rules for a branch (one level allowed), and no leading '-' that git could take as
 # an option: no control characters, space, ~ ^ : ? * [ \, no '..', '@{' or '//', no component that starts
 # with '.' or ends with '.lock', and not ending with '/' or '.'.
@@ -38,20 +42,6 @@ _NOT_A_BRANCH = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|@\{|//|/\.|\.lock(/|$
 _SHA = re.compile(r"[0-9a-fA-F]{7,40}|[0-9a-fA-F]{64}")
 _HOSTNAME = re.compile(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?")
 _CREDENTIALS_IN_URL = re.compile(r"//[^/]*@")
-
-# git's credential helper for one clone (see `_clone`): it reads git's request on stdin and answers `get`
-# with the token from its environment, only for the repository's own protocol and host.
-_CREDENTIAL_HELPER = """#!/bin/sh
-test "$1" = get || exit 0
-while IFS= read -r line && test -n "$line"; do
-  case "$line" in
-    protocol=*) protocol=${line#protocol=} ;;
-    host=*) host=${line#host=} ;;
-  esac
-done
-test "$protocol://$host" = "$WORKBENCH_GIT_ORIGIN" || exit 0
-printf 'username=%s\\npassword=%s\\n' "$WORKBENCH_GIT_USERNAME" "$WORKBENCH_GIT_TOKEN"
-"""
 
 
 class RepositoryError(Exception):
@@ -137,23 +127,32 @@ def _mount_path(path: str, where: str) -> str:
     return folder
 
 
-def checked_repository(resource: dict[str, Any], where: str) -> dict[str, Any]:
-    """The url, mount_path, checkout and token of a github_repository resource, each checked by its
-    documented shape; raises Invalid naming the field (`where` is the resource, e.g. resources[0])."""
+def checked_repository(resource: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The url, mount_path and checkout of a github_repository resource, each checked by its documented
+    shape; raises Invalid naming the field (`where` is the resource, e.g. resources[0]). Its token is
+    `checked_token`'s: it is never stored with the resource."""
     url = _url(text(resource, "url", where, required=True, min_length=1, max_length=2048), f"{where}.url")
     name = PurePosixPath(urlsplit(url).path).name.removesuffix(".git") or urlsplit(url).hostname
     mount_path = text(resource, "mount_path", where, max_length=1024, default=f"{WORKSPACE}{name}")
-    checked = {
+    return {
         "url": url,
         "mount_path": _mount_path(mount_path, f"{where}.mount_path"),
         "checkout": _checkout(resource.get("checkout"), f"{where}.checkout"),
     }
-    token = text(resource, "authorization_token", where, nullable=True, max_length=4096, default=None)
-    if token:
-        if not _printable(token):
-            raise Invalid(f"'{where}.authorization_token' must not contain spaces or control characters.")
-        checked["authorization_token"] = token
-    return checked
+
+
+def checked_token(value: Any, where: str) -> str:
+    """A github_repository's `authorization_token` (`where` names the field): a string of 1 to 4096
+    characters. The egress proxy sends it as the password of HTTP Basic auth, in a header: a space or a
+    control character (a line break that would start another header) is refused here, before it is sealed."""
+    token = expect(value, str, f"'{where}'")
+    if not token:
+        raise Invalid(f"'{where}' must not be empty.")
+    if len(token) > 4096:
+        raise Invalid(f"'{where}' must be at most 4096 characters, not {len(token)}.")
+    if not _printable(token):
+        raise Invalid(f"'{where}' must not contain spaces or control characters.")
+    return str(token)
 
 
 def _shown(url: Any) -> Any:
@@ -171,6 +170,7 @@ def _failure(stderr: str, *, checking_out: bool) -> str:
         "Authentication failed" in stderr
         or "could not read Username" in stderr
         or "could not read Password" in stderr
+        or "returned error: 401" in stderr
     ):
         return "repository_authentication_error"
     if "returned error: 403" in stderr:
@@ -182,24 +182,36 @@ def _failure(stderr: str, *, checking_out: bool) -> str:
     return "repository_clone_error"
 
 
+def _note(error: RepositoryError, session_id: str, resource_id: Any) -> str | None:
+    """What to do about a clone that lacked a credential, in the platform's terms (git speaks of prompts)."""
+    if "returned error: 407" in str(error) or "Proxy CONNECT aborted" in str(error):
+        return (
+            "The egress proxy refused the worker's identity at its door (EGRESS_HARNESS_URL): give the "
+            "workers the proxy's EGRESS_HARNESS_TOKEN."
+        )
+    if error.kind != "repository_authentication_error":
+        return None
+    if not harness_proxied():
+        return (
+            "The repository asks for credentials, and the worker clones without any: repository tokens are "
+            "added by the egress proxy, which the workers reach at EGRESS_HARNESS_URL (not set here), so only "
+            "public repositories clone."
+        )
+    return (
+        "The repository refused the clone's credentials: the egress proxy adds the session's token for this "
+        "URL, and the session has none for it or a wrong one; give one with "
+        f'POST /v1/sessions/{session_id}/resources/{resource_id} {{"authorization_token": ...}}.'
+    )
+
+
 def _config(*pairs: str) -> list[str]:
     return [argument for pair in pairs for argument in ("-c", pair)]
 
 
-def _clone(repository: dict[str, Any], folder: Path) -> Path:
-    """Clone into `folder`/repo, as the repository's checkout says.
-
-    The token reaches git through a credential helper, never a command line (which any host user can read
-    in /proc/*/cmdline) nor a file: the helper reads the token from its own environment, which only the
-    worker's uid and root can read, and writes it to git on a pipe. The helper answers only for the URL's
-    own protocol and host, so a redirect elsewhere never gets the token. git reads no system or user
-    config (GIT_CONFIG_NOSYSTEM, HOME in the temporary folder), may speak only the URL's protocol (so no
-    local path, transport helper, redirect or submodule reaches another), and gets `--` before the URL and
-    the commit.
-    """
-    url, token = repository["url"], repository.get("authorization_token")
-    checkout = repository["checkout"] or {}
-    parts = urlsplit(url)
+def _environment(folder: Path, session_id: str) -> dict[str, str]:
+    """git's whole environment: no system or user config; with the proxy's door configured, the proxy for
+    http and https (its URL carries the session's identity, so it lives here and never on a command line)
+    and the proxy's CA, whose certificates git meets on https."""
     env = {
         "PATH": "/usr/bin:/bin",
         "HOME": str(folder),
@@ -210,28 +222,36 @@ def _clone(repository: dict[str, Any], folder: Path) -> Path:
         "GIT_TERMINAL_PROMPT": "0",
         "GIT_PROTOCOL_FROM_USER": "0",
     }
+    if harness_proxied():
+        env["http_proxy"] = env["https_proxy"] = harness_proxy_url(session_id)
+        if settings.EGRESS_CA_FILE:
+            env["GIT_SSL_CAINFO"] = settings.EGRESS_CA_FILE
+    return env
+
+
+def _clone(repository: dict[str, Any], folder: Path, *, session_id: str) -> Path:
+    """Clone into `folder`/repo, as the repository's checkout says, for session `session_id`.
+
+    The worker holds no token: the egress proxy adds it (see the module's docstring). git reads no system
+    or user config (GIT_CONFIG_NOSYSTEM, HOME in the temporary folder) and no credential helper, may speak
+    only the URL's protocol (so no local path, transport helper, redirect or submodule reaches another),
+    runs no hook, and gets `--` before the URL and the commit. The proxy's identity goes as Basic
+    proxy auth at once (no unauthenticated first try).
+    """
+    url = repository["url"]
+    checkout = repository["checkout"] or {}
+    env = _environment(folder, session_id)
     git = [
         "git",
         *_config(
             "protocol.allow=never",
-            f"protocol.{parts.scheme}.allow=always",
+            f"protocol.{urlsplit(url).scheme}.allow=always",
             "core.hooksPath=/dev/null",
             "credential.helper=",
+            "http.proxyAuthMethod=basic",
         ),
     ]
-    clone, clone_env = [*git], env
-    if token:
-        helper = folder / "credential-helper"
-        helper.write_text(_CREDENTIAL_HELPER)
-        helper.chmod(0o700)
-        clone += _config(f"credential.helper={helper}")
-        clone_env = {
-            **env,
-            "WORKBENCH_GIT_ORIGIN": f"{parts.scheme}://{parts.netloc}",
-            "WORKBENCH_GIT_USERNAME": TOKEN_USERNAME,
-            "WORKBENCH_GIT_TOKEN": token,
-        }
-    clone += ["clone", "--quiet", "--no-tags"]
+    clone = [*git, "clone", "--quiet", "--no-tags"]
     if checkout.get("type") == "branch":
         clone += ["--depth=1", f"--branch={checkout['name']}"]
     elif checkout.get("type") == "commit":
@@ -239,18 +259,25 @@ def _clone(repository: dict[str, Any], folder: Path) -> Path:
     else:
         clone += ["--depth=1"]
     target = folder / "repo"
-    _run([*clone, "--", url, str(target)], env=clone_env, token=token, checking_out=False)
+    _run([*clone, "--", url, str(target)], env=env, checking_out=False)
     if checkout.get("type") == "commit":
         _run(
             [*git, "-C", str(target), "switch", "--quiet", "--detach", "--", checkout["sha"]],
             env=env,
-            token=token,
             checking_out=True,
         )
     return target
 
 
-def _run(command: list[str], *, env: dict[str, str], token: str | None, checking_out: bool) -> None:
+def _scrubbed(stderr: str) -> str:
+    """git's complaint without the workers' proxy token, should a message ever quote the proxy's URL."""
+    token = settings.EGRESS_HARNESS_TOKEN
+    for secret in {token, quote(token, safe="")} if token else ():
+        stderr = stderr.replace(secret, "***")
+    return stderr
+
+
+def _run(command: list[str], *, env: dict[str, str], checking_out: bool) -> None:
     try:
         run = subprocess.run(command, capture_output=True, text=True, timeout=CLONE_TIMEOUT_SECONDS, env=env)
     except subprocess.TimeoutExpired:
@@ -258,32 +285,44 @@ def _run(command: list[str], *, env: dict[str, str], token: str | None, checking
             "repository_clone_error", f"git took longer than {CLONE_TIMEOUT_SECONDS} s"
         ) from None
     if run.returncode != 0:
-        stderr = run.stderr.strip().replace(token or "\0", "***")
+        stderr = _scrubbed(run.stderr.strip())
         raise RepositoryError(
             _failure(stderr, checking_out=checking_out), stderr or f"git exited {run.returncode}"
         )
 
 
-def repository_archive(resource: dict[str, Any], *, where: str = "resource") -> bytes:
-    """Clone one github_repository resource and return it as a tar relative to the workspace."""
+def repository_archive(resource: dict[str, Any], *, session_id: str, where: str = "resource") -> bytes:
+    """Clone one github_repository resource of session `session_id` and return it as a tar relative to the
+    workspace."""
     repository = checked_repository(resource, where)
     mount = repository["mount_path"]
     with tempfile.TemporaryDirectory(prefix="workbench-clone-") as folder:
-        target = _clone(repository, Path(folder))
+        try:
+            target = _clone(repository, Path(folder), session_id=session_id)
+        except RepositoryError as error:
+            note = _note(error, session_id, resource.get("id"))
+            if note is None:
+                raise
+            raise RepositoryError(error.kind, f"{note} (git: {error})") from None
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             tar.add(target, arcname=mount[len(WORKSPACE) :], filter=_as_sandbox_user)
         return buffer.getvalue()
 
 
-def checkout_repositories(provider: Any, handle: str, resources: list[dict[str, Any]], emit: Any) -> None:
-    """Put each github_repository resource into the sandbox; one that cannot be (whatever is wrong with it,
-    the stored resource included) is a session.error, and the next still gets its turn."""
+def checkout_repositories(
+    provider: Any, handle: str, resources: list[dict[str, Any]], emit: Any, *, session_id: str
+) -> None:
+    """Put each github_repository resource of session `session_id` into the sandbox; one that cannot be
+    (whatever is wrong with it, the stored resource included) is a session.error, and the next still gets
+    its turn."""
     for i, resource in enumerate(resources):
         if not isinstance(resource, dict) or resource.get("type") != "github_repository":
             continue
         try:
-            provider.copy_in(handle, repository_archive(resource, where=f"resources[{i}]"))
+            provider.copy_in(
+                handle, repository_archive(resource, session_id=session_id, where=f"resources[{i}]")
+            )
             continue
         except Invalid as error:
             kind, reason = "repository_clone_error", error.message

@@ -70,7 +70,8 @@ class Session(models.Model):
         return self.id
 
     def shown_resources(self) -> list[dict[str, Any]]:
-        """The resources as they may be shown or copied: a repository token is write-only and stays here."""
+        """The resources as they may be shown or copied. A repository token is never stored here (the vault
+        holds it, sealed, as a RepositorySecret); a row written before tokens moved there loses it here too."""
         return [
             {k: v for k, v in resource.items() if k != "authorization_token"} for resource in self.resources
         ]

@@ -9,6 +9,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -200,11 +201,13 @@ def _logged_since(path: Path, offset: int, text: bytes) -> bool:
         return text in log.read()
 
 
-@pytest.fixture
-def brain_worker(live_server_url: str, offline_model: Any) -> Iterator[subprocess.Popen[bytes]]:
-    """A real Celery worker (the brains) against the test database, Redis and the offline model, yielded
-    once it consumes tasks: on a loaded machine its start alone can outlast a test's patience."""
-    path = ROOT / ".pytest-worker.log"
+@contextmanager
+def celery_worker(
+    env: dict[str, str], *, log_name: str = ".pytest-worker.log"
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A real Celery worker (the brains) with `env`, yielded once it consumes tasks: on a loaded machine its
+    start alone can outlast a test's patience."""
+    path = ROOT / log_name
     log = open(path, "ab")  # noqa: SIM115 - closed below
     start = log.tell()
     process = subprocess.Popen(
@@ -226,7 +229,7 @@ def brain_worker(live_server_url: str, offline_model: Any) -> Iterator[subproces
             "--without-heartbeat",
         ],
         cwd=ROOT,
-        env=child_env(ANTHROPIC_BASE_URL=offline_model.base_url, MODEL_RETRY_BASE_SECONDS="0.05"),
+        env=env,
         stdout=log,
         stderr=log,
         start_new_session=True,
@@ -245,3 +248,11 @@ def brain_worker(live_server_url: str, offline_model: Any) -> Iterator[subproces
         except subprocess.TimeoutExpired:
             process.kill()
         log.close()
+
+
+@pytest.fixture
+def brain_worker(live_server_url: str, offline_model: Any) -> Iterator[subprocess.Popen[bytes]]:
+    """A real Celery worker (the brains) against the test database, Redis and the offline model."""
+    env = child_env(ANTHROPIC_BASE_URL=offline_model.base_url, MODEL_RETRY_BASE_SECONDS="0.05")
+    with celery_worker(env) as process:
+        yield process

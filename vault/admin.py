@@ -12,6 +12,7 @@ from django.http import HttpRequest
 from kernel.errors import DomainError
 from vault import services
 from vault.models import Credential, CredentialUse, RepositorySecret, Vault
+from vault.repositories import repository_tokens_delete
 from vault.rules import REPLACEABLE_SECRET
 
 
@@ -171,10 +172,12 @@ class CredentialUseAdmin(admin.ModelAdmin):
 
 @admin.register(RepositorySecret)
 class RepositorySecretAdmin(admin.ModelAdmin):
-    """Which sessions hold a repository token, never the token."""
+    """Which sessions hold a repository token, and its version, never the token. Tokens are set and rotated
+    through the session's resources (/v1/sessions/{id}/resources); a deletion here is audited."""
 
-    list_display = ("session", "resource_id", "url", "updated_at")
-    fields = ("session", "resource_id", "url", "created_at", "updated_at")
+    list_display = ("session", "resource_id", "url", "secret_version", "updated_at")
+    search_fields = ("session__id", "resource_id", "url")
+    fields = ("session", "resource_id", "url", "secret_version", "created_at", "updated_at")
     readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -182,3 +185,10 @@ class RepositorySecretAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def delete_model(self, request: HttpRequest, obj: RepositorySecret) -> None:
+        repository_tokens_delete(obj.session_id, resource_id=obj.resource_id, actor=_actor(request))
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for secret in queryset:
+            self.delete_model(request, secret)

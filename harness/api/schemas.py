@@ -153,6 +153,43 @@ class SessionList(Schema):
     prev_page: str | None
 
 
+# -- a session's resources (reference §3.6)
+
+
+class ResourcesQuery(Page):
+    limit: int | None = Field(None, ge=1, le=1000, description="Omitted: all of them.")
+
+
+class ResourceUpdate(Body):
+    authorization_token: str = Field(
+        ...,
+        min_length=1,
+        max_length=4096,
+        description="A github_repository's new token (only repositories rotate); never returned.",
+        json_schema_extra={"writeOnly": True},
+    )
+
+
+class ResourceAdd(Body):
+    type: Literal["file"]
+    file_id: str = Field(..., min_length=1, max_length=255)
+    mount_path: str | None = Field(None, max_length=1024)
+
+
+class SessionResource(Schema):
+    """A github_repository, file or memory_store resource, as the reference shows it (no token)."""
+
+    type: Literal["github_repository", "file", "memory_store"]
+    id: str | None = None
+
+    model_config = {"extra": "allow"}
+
+
+class SessionResourceList(Schema):
+    data: list[SessionResource]
+    next_page: str | None
+
+
 # -- events
 
 

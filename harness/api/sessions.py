@@ -1,4 +1,5 @@
-"""/v1/sessions and /v1/sessions/{id}/events: list, send, and the SSE live tail (reference §6 and §7)."""
+"""/v1/sessions, /v1/sessions/{id}/resources and /v1/sessions/{id}/events: list, send, and the SSE live tail
+(reference §3.6, §6 and §7)."""
 
 from typing import Any
 
@@ -10,10 +11,15 @@ from harness.api.schemas import (
     EventList,
     EventsQuery,
     EventsSend,
+    ResourceAdd,
+    ResourcesQuery,
+    ResourceUpdate,
     Session,
     SessionCreate,
     SessionFork,
     SessionList,
+    SessionResource,
+    SessionResourceList,
     SessionsQuery,
     SessionUpdate,
     StreamQuery,
@@ -26,6 +32,13 @@ from harness.services.lifecycle import (
     session_send_events,
     session_update,
 )
+from harness.services.resources import (
+    session_resource_add,
+    session_resource_delete,
+    session_resource_get,
+    session_resource_update,
+    session_resources_list,
+)
 from kernel.api.pagination import decode_cursor, encode_cursor, keyset_page
 from kernel.api.schemas import ERRORS, Deleted
 from kernel.errors import Invalid
@@ -34,13 +47,14 @@ from sessions.models import Session as SessionRow
 from sessions.selectors import get_session, list_events
 from sessions.serializers import session_json
 from sessions.stream import sse_tail
+from vault.api import actor_of
 
 router = Router(tags=["sessions"])
 
 
 @router.post("/sessions", response={200: Session, **ERRORS})
 def sessions_create(request: HttpRequest, body: SessionCreate) -> dict[str, Any]:
-    return session_json(session_create(**body.given()))
+    return session_json(session_create(**body.given(), actor=actor_of(request)))
 
 
 @router.get("/sessions", response={200: SessionList, **ERRORS})
@@ -76,7 +90,7 @@ def sessions_update(request: HttpRequest, session_id: str, body: SessionUpdate) 
 
 @router.delete("/sessions/{session_id}", response={200: Deleted, **ERRORS})
 def sessions_delete(request: HttpRequest, session_id: str) -> dict[str, Any]:
-    return session_delete(session_id)
+    return session_delete(session_id, actor=actor_of(request))
 
 
 @router.post("/sessions/{session_id}/archive", response={200: Session, **ERRORS})
@@ -88,6 +102,52 @@ def sessions_archive(request: HttpRequest, session_id: str) -> dict[str, Any]:
 def sessions_fork(request: HttpRequest, session_id: str, body: SessionFork) -> dict[str, Any]:
     """Workbench's own: a new session whose log starts as events [0:at_seq] of this one."""
     return session_json(session_fork(session_id, at_seq=body.at_seq, harness=body.harness, title=body.title))
+
+
+@router.get(
+    "/sessions/{session_id}/resources", response={200: SessionResourceList, **ERRORS}, tags=["resources"]
+)
+def resources_list(request: HttpRequest, session_id: str, query: Query[ResourcesQuery]) -> dict[str, Any]:
+    return session_resources_list(session_id, limit=query.limit, page=query.page)
+
+
+@router.post(
+    "/sessions/{session_id}/resources", response={200: SessionResource, **ERRORS}, tags=["resources"]
+)
+def resources_add(request: HttpRequest, session_id: str, body: ResourceAdd) -> dict[str, Any]:
+    return session_resource_add(session_id, **body.given())
+
+
+@router.get(
+    "/sessions/{session_id}/resources/{resource_id}",
+    response={200: SessionResource, **ERRORS},
+    tags=["resources"],
+)
+def resources_retrieve(request: HttpRequest, session_id: str, resource_id: str) -> dict[str, Any]:
+    return session_resource_get(session_id, resource_id)
+
+
+@router.post(
+    "/sessions/{session_id}/resources/{resource_id}",
+    response={200: SessionResource, **ERRORS},
+    tags=["resources"],
+)
+def resources_update(
+    request: HttpRequest, session_id: str, resource_id: str, body: ResourceUpdate
+) -> dict[str, Any]:
+    """Rotate a github_repository's token (sealed into the vault; never returned)."""
+    return session_resource_update(
+        session_id, resource_id, authorization_token=body.authorization_token, actor=actor_of(request)
+    )
+
+
+@router.delete(
+    "/sessions/{session_id}/resources/{resource_id}",
+    response={200: Deleted, **ERRORS},
+    tags=["resources"],
+)
+def resources_delete(request: HttpRequest, session_id: str, resource_id: str) -> dict[str, Any]:
+    return session_resource_delete(session_id, resource_id, actor=actor_of(request))
 
 
 @router.get("/sessions/{session_id}/events", response={200: EventList, **ERRORS}, tags=["events"])

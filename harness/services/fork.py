@@ -23,7 +23,8 @@ def session_fork(
     """Copy events [0:at_seq] into a new session, record the fork, and let a brain continue it.
 
     The copies are new events (new ids, no lease epoch); the origin's log is not touched. A repository
-    token stays with the session it was given to: the fork's repositories have none.
+    token stays with the session it was given to (its RepositorySecret is not copied): the fork's
+    repositories have none until one is given with POST /v1/sessions/{fork}/resources/{resource_id}.
     """
     origin = Session.objects.live().filter(id=session_id).first()
     if origin is None:

@@ -12,16 +12,16 @@ from harness.agent_config import normalise_agent_config
 from harness.agents import get_agent_version
 from harness.brain import has_pending_work
 from harness.registry import validate_harness_name
+from harness.services.resources import new_resources, seal_tokens
 from harness.tasks import queue_wake
 from kernel.api.validation import check_metadata, expect, no_unknown_fields, patch_metadata, text
 from kernel.errors import Closed, Invalid
-from kernel.ids import new_id
 from sandboxes.environments import get_environment
-from sandboxes.repositories import checked_repository
 from sessions import events
 from sessions.event_types import validate_sendable
 from sessions.models import Event, Session
 from sessions.services.log import SessionClosed, SessionNotFound, emit_event, emit_events
+from vault.repositories import repository_tokens_delete
 from vault.services import usable_vault_ids
 
 # User events that give the brain something to do.
@@ -84,48 +84,6 @@ def _resolve_agent(value: Any) -> tuple[str, int, dict[str, Any]]:
         **{key: config.get(key) for key in SNAPSHOT_FIELDS},
     }
     return agent_id, version.version, snapshot
-
-
-def _resources(value: Any) -> list[dict[str, Any]]:
-    resources = []
-    now = timezone.now().isoformat()
-    for i, resource in enumerate(expect(value, list, "'resources'")):
-        where = f"resources[{i}]"
-        kind = expect(resource, dict, f"'{where}'").get("type")
-        if kind == "github_repository":
-            no_unknown_fields(
-                resource, ("type", "url", "authorization_token", "checkout", "mount_path"), where
-            )
-            item = {
-                "type": kind,
-                "id": new_id("sres"),
-                **checked_repository(resource, where),
-                "created_at": now,
-                "updated_at": now,
-            }
-        elif kind == "file":
-            no_unknown_fields(resource, ("type", "file_id", "mount_path"), where)
-            file_id = text(resource, "file_id", where, required=True, min_length=1)
-            item = {
-                "type": kind,
-                "id": new_id("sres"),
-                "file_id": file_id,
-                "mount_path": text(resource, "mount_path", where, default=f"/mnt/session/uploads/{file_id}"),
-                "created_at": now,
-                "updated_at": now,
-            }
-        elif kind == "memory_store":
-            no_unknown_fields(resource, ("type", "memory_store_id", "access", "instructions"), where)
-            item = {
-                "type": kind,
-                "memory_store_id": text(resource, "memory_store_id", where, required=True),
-                "access": resource.get("access", "read_write"),
-                "instructions": text(resource, "instructions", where, max_length=4096, default=None),
-            }
-        else:
-            raise Invalid(f"'{where}.type' must be github_repository, file or memory_store, not {kind!r}.")
-        resources.append(item)
-    return resources
 
 
 def _budget(value: Any) -> dict[str, Any] | None:
@@ -218,8 +176,12 @@ def session_create(
     initial_events: list[dict[str, Any]] | None = None,
     vault_ids: list[str] | None = None,
     budget: dict[str, Any] | None = None,
+    actor: str = "api",
 ) -> Session:
-    """A session of `agent` (an id, or a reference with a version and overrides) in the environment."""
+    """A session of `agent` (an id, or a reference with a version and overrides) in the environment.
+
+    Its repositories' tokens are sealed into the vault in the same transaction, never stored with the
+    resources; `actor` is who the audit trail says set them."""
     agent_id, version, snapshot = _resolve_agent(agent)
     environment = get_environment(environment_id)
     if environment.archived_at is not None:
@@ -234,6 +196,7 @@ def session_create(
     for i, event in enumerate(initial):
         if event["type"] not in ("user.message", "user.define_outcome"):
             raise Invalid(f"'initial_events[{i}].type' must be user.message or user.define_outcome.")
+    stored, tokens = new_resources(resources or [])
     with transaction.atomic():
         session = Session.objects.create(
             agent_id=agent_id,
@@ -242,10 +205,11 @@ def session_create(
             environment=environment,
             title=title,
             metadata=dict(check_metadata(metadata or {})),
-            resources=_resources(resources or []),
+            resources=stored,
             vault_ids=usable_vault_ids(vault_ids or []),
             budget=_budget(budget),
         )
+        seal_tokens(session.id, tokens, actor=actor)
         if initial:
             _append_user_events(session.id, initial, open_only=False)
             session.refresh_from_db()
@@ -314,8 +278,9 @@ def session_archive(session_id: str) -> Session:
     return session
 
 
-def session_delete(session_id: str) -> dict[str, str]:
-    """Recorded in the log, then hidden from the API; no event is removed."""
+def session_delete(session_id: str, *, actor: str = "api") -> dict[str, str]:
+    """Recorded in the log, then hidden from the API; no event is removed. Its repository tokens are
+    destroyed: nothing can use them any more."""
     with transaction.atomic():
         session = Session.objects.live().select_for_update().filter(id=session_id).first()
         if session is None:
@@ -324,6 +289,7 @@ def session_delete(session_id: str) -> dict[str, str]:
             emit_event(session.id, events.status_terminated())
         emit_event(session.id, events.session_deleted())
         Session.objects.filter(id=session.id).update(deleted_at=timezone.now())
+        repository_tokens_delete(session.id, actor=actor)
     return {"id": session_id, "type": "session_deleted"}
 
 

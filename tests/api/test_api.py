@@ -147,6 +147,7 @@ def test_session_create_resolves_the_agent_and_starts_idle(api):
     assert session["agent"]["version"] == 1 and session["agent"]["system"] is None
     assert session["resources"][0]["mount_path"] == "/workspace/repo"
     assert "secret-token" not in str(api.get(f"/v1/sessions/{session['id']}").json())
+    assert "secret-token" not in str(Session.objects.get(id=session["id"]).resources)
 
 
 def test_sending_a_user_message_records_it_and_marks_the_session_running(api):

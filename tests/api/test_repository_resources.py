@@ -1,6 +1,7 @@
 """github_repository resources at the API: checked by their documented shapes before anything is stored; the
-token is write-only (never returned, forked or shown in the admin); a stored resource git cannot use is a
-session.error on every path that provisions a sandbox, never a 500."""
+token is write-only (sealed into the vault, never in Session.resources, never returned, forked or shown in the
+admin); a stored resource git cannot use is a session.error on every path that provisions a sandbox, never a
+500."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from harness.services.lifecycle import session_create, session_send_events
 from sessions.models import Session
 from sessions.selectors import get_events
 from tests.conftest import make_agent, make_environment
+from vault.models import RepositorySecret
 
 pytestmark = pytest.mark.django_db
 TOKEN = "ghs_never-shown-4c1f9a"
@@ -74,7 +76,9 @@ def repository(**fields: Any) -> dict[str, Any]:
         ({"mount_path": "/workspace"}, "resources[0].mount_path"),
         ({"mount_path": "/workspacefoo/app"}, "resources[0].mount_path"),
         ({"authorization_token": "abc\nprotocol=file"}, "resources[0].authorization_token"),
+        ({"authorization_token": "abc def"}, "resources[0].authorization_token"),
         ({"authorization_token": 5}, "resources[0].authorization_token"),
+        ({"authorization_token": "x" * 4097}, "resources[0].authorization_token"),
     ],
 )
 def test_a_repository_git_must_not_be_handed_is_a_400_naming_the_field_and_stores_nothing(api, fields, named):
@@ -83,7 +87,7 @@ def test_a_repository_git_must_not_be_handed_is_a_400_naming_the_field_and_store
     error = response.json()
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
     assert named in error["error"]["message"], error["error"]["message"]
-    assert not Session.objects.exists()
+    assert not Session.objects.exists() and not RepositorySecret.objects.exists()
 
 
 def test_the_field_named_is_that_of_the_bad_resource(api):
@@ -92,7 +96,7 @@ def test_the_field_named_is_that_of_the_bad_resource(api):
     assert not Session.objects.exists()
 
 
-def test_repositories_by_their_documented_shapes_are_stored(api):
+def test_repositories_by_their_documented_shapes_are_stored_and_the_token_is_sealed_apart(api, vault_keyring):
     sha = "0123456789abcdef0123456789abcdef01234567"
     response = create(
         api,
@@ -116,7 +120,11 @@ def test_repositories_by_their_documented_shapes_are_stored(api):
     assert third["checkout"] == {"type": "commit", "sha": "abcdef1"}
     assert set(first) == {"type", "id", "url", "mount_path", "checkout", "created_at", "updated_at"}
     assert TOKEN not in str(response.content)
-    assert Session.objects.get().resources[0]["authorization_token"] == TOKEN
+    stored = Session.objects.get().resources
+    assert TOKEN not in str(stored) and all("authorization_token" not in r for r in stored)
+    [secret] = RepositorySecret.objects.all()
+    assert (secret.session_id, secret.resource_id, secret.url) == (response.json()["id"], first["id"], URL)
+    assert TOKEN not in str(secret.sealed) and secret.unseal(vault_keyring) == {"token": TOKEN}
 
 
 def test_plain_http_is_accepted_only_for_the_hosts_the_setting_allows(api):
@@ -132,8 +140,9 @@ def test_a_fork_does_not_copy_the_token(api):
     assert response.status_code == 200, response.content
     fork = Session.objects.get(id=response.json()["id"])
     assert [r["url"] for r in fork.resources] == [URL]
-    assert TOKEN not in str(fork.resources)
-    assert Session.objects.get(id=origin["id"]).resources[0]["authorization_token"] == TOKEN
+    assert TOKEN not in str(fork.resources) and TOKEN not in str(response.content)
+    assert not RepositorySecret.objects.filter(session_id=fork.id).exists()
+    assert RepositorySecret.objects.filter(session_id=origin["id"]).count() == 1
 
 
 def test_the_admin_never_shows_the_token(api, client):
@@ -144,6 +153,17 @@ def test_the_admin_never_shows_the_token(api, client):
     assert URL in page.content.decode() and TOKEN not in page.content.decode()
     listing = client.get("/admin/agent_sessions/session/")
     assert listing.status_code == 200 and TOKEN not in listing.content.decode()
+    secret = RepositorySecret.objects.get(session_id=session_id)
+    for path in (
+        "/admin/vault/repositorysecret/",
+        f"/admin/vault/repositorysecret/{secret.pk}/change/",
+        "/admin/vault/credentialuse/",
+    ):
+        shown = client.get(path)
+        assert shown.status_code == 200, path
+        assert session_id in shown.content.decode() or path.endswith("/change/"), path
+        assert TOKEN not in shown.content.decode(), path
+        assert secret.sealed["token"]["ct"] not in shown.content.decode(), path
 
 
 MALFORMED = [

@@ -20,7 +20,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,20 @@ class Egress:
     door_url: str  # the workers' door (EGRESS_HARNESS_URL)
     harness_token: str
     bundle: Path  # the CA bundle the proxy writes (EGRESS_CA_FILE for the workers)
+
+    child_settings: dict[str, str] = field(default_factory=dict)  # the sandbox network's, for child processes
+
+    def child_env(self) -> dict[str, str]:
+        """What a worker or web server started by a test needs to use this proxy: its sandboxes' network,
+        the workers' door, and the control endpoint."""
+        return {
+            **self.child_settings,
+            "EGRESS_HARNESS_URL": self.door_url,
+            "EGRESS_HARNESS_TOKEN": self.harness_token,
+            "EGRESS_CA_FILE": str(self.bundle),
+            "EGRESS_CONTROL_URL": self.control_url,
+            "EGRESS_CONTROL_TOKEN": "control-token",
+        }
 
     def harness_settings(self) -> dict[str, Any]:
         """The settings a worker (this test process) uses to speak through the door."""
@@ -198,6 +212,9 @@ def egress(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: Any) 
                 door_url=f"http://127.0.0.1:{door_port}",
                 harness_token=harness_token,
                 bundle=folder / "data" / "sandbox-ca-bundle.crt",
+                child_settings={
+                    k: (",".join(v) if isinstance(v, list) else str(v)) for k, v in names.items()
+                },
             )
     finally:
         if process is not None:

@@ -16,6 +16,7 @@ import queue
 import threading
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.db import close_old_connections
 from django.utils import timezone
@@ -108,6 +109,12 @@ class Loader:
             return None
         networking = (sandbox.environment.config or {}).get("networking") or {"type": "unrestricted"}
         session = sandbox.session
+        if (
+            session is not None
+            and networking.get("type") == "limited"
+            and networking.get("allow_mcp_servers")
+        ):
+            networking = _with_mcp_servers(networking, session.agent_snapshot or {})
         if session is None:
             return SandboxPolicy(sandbox.id, sandbox.egress_token_hash, "", networking)
         vault_ids = list(session.vault_ids or [])
@@ -189,6 +196,17 @@ class Loader:
                 )
             )
         return SessionPolicy(session.id, tuple(credentials), self._repositories(session.id), tuple(usable))
+
+
+def _with_mcp_servers(networking: dict[str, Any], agent: dict[str, Any]) -> dict[str, Any]:
+    """`allow_mcp_servers`: the hosts of the session's agent's MCP servers join the allowed hosts."""
+    hosts = [
+        host
+        for server in agent.get("mcp_servers") or []
+        if isinstance(server, dict) and (host := urlsplit(str(server.get("url") or "")).hostname)
+    ]
+    allowed = list(dict.fromkeys([*(networking.get("allowed_hosts") or []), *hosts]))
+    return {**networking, "allowed_hosts": allowed}
 
 
 class Policies:

@@ -20,7 +20,7 @@ from sandboxes.hands import sandbox_provision, sandbox_transfer
 from sandboxes.models import Sandbox
 from sandboxes.pool import pool_refill
 from sandboxes.provisioning import provider_of
-from tests.conftest import VAULT_KEYRING, make_environment, make_session
+from tests.conftest import VAULT_KEYRING, make_agent, make_environment, make_session
 from tests.git_server import make_repository
 from tests.vault.egress.conftest import GIT_TOKEN, STREAMED_OVER, Egress, healthz
 from vault import crypto
@@ -133,6 +133,27 @@ def test_a_host_outside_the_allowlist_is_refused_with_the_reason_and_audited(egr
     )
     refused = _audited(action="refuse", host="blocked.example")
     assert refused and not refused[0].allowed and refused[0].session_id == sandbox.session_id
+
+
+@pytest.mark.parametrize("allow", [True, False])
+def test_allow_mcp_servers_opens_the_hosts_of_the_agents_mcp_servers_only(egress: Egress, allow: bool):
+    agent = make_agent(
+        mcp_servers=[{"type": "url", "name": "echo", "url": f"{egress.echo.url}/mcp"}],
+        tools=[{"type": "mcp_toolset", "mcp_server_name": "echo"}],
+    )
+    networking = {"type": "limited", "allowed_hosts": ["pypi.org"], "allow_mcp_servers": allow}
+    session_id = make_session(
+        agent=agent, environment_id=make_environment(config={"type": "cloud", "networking": networking})
+    )
+    sandbox = sandbox_provision(session_id)
+    _bash(sandbox, f"cat > /tmp/fetch.py <<'EOF'\n{FETCH}\nEOF")
+    out = _fetch(sandbox, f"{egress.echo.url}/mcp")
+    if allow:
+        assert "STATUS 200" in out, out
+    else:
+        assert "403 Forbidden: the host 127.0.0.1 is not allowed" in out, out
+    out = _fetch(sandbox, f"{egress.other.url}/x")
+    assert "403 Forbidden: the host 127.0.0.2 is not allowed" in out, f"other hosts stay closed: {out}"
 
 
 def test_a_placeholder_sent_to_a_host_its_credential_does_not_allow_goes_unchanged_and_is_audited(

@@ -34,12 +34,13 @@ from kernel.api.errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
+    PermissionDenied,
     from_domain,
 )
 from kernel.api.idempotency import idempotent
 from kernel.api.schemas import UNION_TAGS
 from kernel.api.validation import MAX_BODY_DEPTH, check_body, check_text, describe
-from kernel.auth import api_key_from_headers
+from kernel.auth import api_key_from_headers, principal_from_token, raw_bearer
 from kernel.errors import DomainError
 
 logger = logging.getLogger(__name__)
@@ -77,7 +78,18 @@ class ApiKeyAuth(APIKeyHeader):
     def authenticate(self, request: HttpRequest, key: str | None) -> Any:
         found = api_key_from_headers(request.headers)
         request.api_key = found  # type: ignore[attr-defined]
-        return found
+        request.principal = None  # type: ignore[attr-defined]
+        if found is not None:
+            return found
+        raw = raw_bearer(request.headers)
+        principal = principal_from_token(raw) if raw else None
+        if principal is None:
+            return None
+        why = principal.allows(request.method or "GET", request.path)
+        if why is not None:
+            raise PermissionDenied(why)
+        request.principal = principal  # type: ignore[attr-defined]
+        return principal
 
 
 class BodyParser(Parser):

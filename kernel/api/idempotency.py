@@ -61,9 +61,10 @@ def _claim(request: HttpRequest, key: str, fingerprint: str) -> IdempotentReques
 
 
 def idempotent(request: HttpRequest, run: Callable[[], HttpResponse]) -> HttpResponse:
-    """`run()`, once per `Idempotency-Key`; without the header (or for other methods), simply `run()`."""
+    """`run()`, once per `Idempotency-Key`; without the header (or for other methods), simply `run()`.
+    Keys are remembered per API key: a narrower credential (kernel.auth.Principal) is not."""
     key = _key(request)
-    if key is None:
+    if key is None or getattr(request, "api_key", None) is None:
         return run()
     fingerprint = _fingerprint(request)
     first = _claim(request, key, fingerprint)

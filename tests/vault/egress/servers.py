@@ -3,7 +3,9 @@ that echoes each request's headers and body back (what a hostile host that wants
 
 from __future__ import annotations
 
+import base64
 import datetime
+import hashlib
 import ipaddress
 import json
 import ssl
@@ -70,6 +72,9 @@ def make_ca(folder: Path, addresses: list[str]) -> TestCA:
     return made
 
 
+WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+
 @dataclass
 class EchoServer:
     host: str
@@ -92,7 +97,29 @@ def _handler(server: EchoServer) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
+        def _websocket(self) -> None:
+            """A WebSocket that sends one message, the JSON of the handshake's headers, and closes."""
+            accept = base64.b64encode(
+                hashlib.sha1((self.headers["Sec-WebSocket-Key"] + WEBSOCKET_GUID).encode()).digest()
+            ).decode()
+            headers = {k: v for k, v in self.headers.items()}
+            server.seen.append((self.path, headers, b""))
+            self.send_response(101)
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.send_header("Sec-WebSocket-Accept", accept)
+            self.end_headers()
+            payload = json.dumps({"headers": headers}).encode()
+            length = len(payload)
+            head = bytes([0x81, length]) if length < 126 else bytes([0x81, 126]) + length.to_bytes(2, "big")
+            self.wfile.write(head + payload + bytes([0x88, 0]))
+            self.wfile.flush()
+            self.close_connection = True
+
         def _echo(self) -> None:
+            if self.headers.get("Upgrade", "").lower() == "websocket":
+                self._websocket()
+                return
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             headers = {k: v for k, v in self.headers.items()}
             server.seen.append((self.path, headers, body))

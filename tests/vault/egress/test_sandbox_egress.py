@@ -393,3 +393,53 @@ def test_a_long_answer_is_scrubbed_as_it_streams(egress: Egress):
     assert "STATUS 200" in out and len(out) > STREAMED_OVER * 6, out[:300]  # longer than the buffer
     assert egress.echo.seen[-1][2].count(CANARY.encode()) == 1, "the host got the secret in the body"
     assert CANARY not in out and "wbph_vcrd_" in out
+
+
+WEBSOCKET = r"""
+import base64, os, socket, ssl, sys
+from urllib.parse import urlsplit
+proxy = urlsplit(os.environ["HTTPS_PROXY"])
+host, port = sys.argv[1], int(sys.argv[2])
+raw = socket.create_connection((proxy.hostname, proxy.port), timeout=20)
+identity = base64.b64encode(f"{proxy.username}:{proxy.password}".encode()).decode()
+raw.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\nProxy-Authorization: Basic {identity}\r\n\r\n".encode())
+answer = b""
+while b"\r\n\r\n" not in answer:
+    answer += raw.recv(4096)
+assert answer.startswith(b"HTTP/1.1 200"), answer
+tls = ssl.create_default_context().wrap_socket(raw, server_hostname=host)
+key = base64.b64encode(os.urandom(16)).decode()
+tls.sendall(
+    f"GET /ws HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+    f"Authorization: Bearer {os.environ['ECHO_TOKEN']}\r\n\r\n".encode()
+)
+data = b""
+while b"\r\n\r\n" not in data:
+    data += tls.recv(4096)
+head, _, data = data.partition(b"\r\n\r\n")
+print("HANDSHAKE", head.split(b"\r\n")[0].decode())
+while len(data) < 4:
+    data += tls.recv(4096)
+length, start = data[1] & 0x7F, 2
+if length == 126:
+    length, start = int.from_bytes(data[2:4], "big"), 4
+while len(data) < start + length:
+    data += tls.recv(4096)
+print("MESSAGE", data[start : start + length].decode())
+"""
+
+
+def test_a_websocket_gets_the_secret_in_its_handshake_and_its_messages_back_scrubbed(egress: Egress):
+    vault = vault_create(display_name="ws")
+    _env_credential(vault.id, hosts=["127.0.0.1"])
+    sandbox = _hand(_limited("127.0.0.1"), vault_ids=[vault.id])
+    _bash(sandbox, f"cat > /tmp/ws.py <<'EOF'\n{WEBSOCKET}\nEOF")
+    out = _bash(sandbox, f"python3 /tmp/ws.py 127.0.0.1 {egress.echo.port} 2>&1")
+    assert "HANDSHAKE HTTP/1.1 101" in out, out
+    path, headers, _ = egress.echo.seen[-1]
+    assert path == "/ws" and headers["Authorization"] == f"Bearer {CANARY}", (
+        "the handshake carried the secret"
+    )
+    message = out.split("MESSAGE ", 1)[1]
+    assert CANARY not in message and "Bearer wbph_vcrd_" in message, message

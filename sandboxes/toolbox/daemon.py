@@ -46,6 +46,9 @@ from .tools import Toolset
 
 STARTED_PATH = RUNTIME_DIR + "/daemon.started"
 LOG_PATH = RUNTIME_DIR + "/daemon.log"
+# The session variables of the sandbox's current holder, as the last reset set them: a daemon forked again
+# (it died) starts with them, not with the first holder's, which the container's environment still has.
+SESSION_ENV_PATH = RUNTIME_DIR + "/session-env.json"
 CALL_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 DEFAULT_TIMEOUT_S = 120.0
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
@@ -156,6 +159,7 @@ class Daemon:
             self._early_cancels.clear()
         if env is not None:
             self.toolset.shell.env = with_session_env(self.toolset.shell.env, env)
+            _save_session_env(env)
         self.toolset.shell.renew(HANDED_OVER_NOTE, timeout_s=RESET_TIMEOUT_S)
 
 
@@ -166,6 +170,24 @@ def with_session_env(base: dict[str, str], session: dict[str, str]) -> dict[str,
     env.update(session)
     env[SESSION_ENV] = ",".join(sorted(session))
     return env
+
+
+def _save_session_env(env: dict[str, str]) -> None:
+    try:
+        with open(SESSION_ENV_PATH + ".new", "w") as file:
+            json.dump(env, file)
+        os.replace(SESSION_ENV_PATH + ".new", SESSION_ENV_PATH)
+    except OSError:  # a full disk: a restarted daemon would start with an older holder's variables
+        _log_failure()
+
+
+def _saved_session_env() -> dict[str, str] | None:
+    try:
+        with open(SESSION_ENV_PATH) as file:
+            saved = json.load(file)
+    except (OSError, ValueError):
+        return None
+    return {str(k): str(v) for k, v in saved.items()} if isinstance(saved, dict) else None
 
 
 def _log_failure() -> None:
@@ -266,11 +288,14 @@ def run(listener: socket.socket) -> int:
 
     hidden = (PIDS_LIMIT_ENV, disk.DISK_MB_ENV)
     env = {name: value for name, value in os.environ.items() if name not in hidden}
+    first = _first_start()
+    if not first and (saved := _saved_session_env()) is not None:
+        env = with_session_env(env, saved)
     cwd = WORKSPACE if os.path.isdir(WORKSPACE) else env.get("HOME", "/")
     shell = Shell(cwd=cwd, env=env)
     shell.start()
     disk.SANDBOX_DISK.check()  # takes the reserve
-    if not _first_start():
+    if not first:
         shell.announce(
             f"[the sandbox's toolbox restarted since the last call, with a new shell: {RESET_NOTE}]"
         )

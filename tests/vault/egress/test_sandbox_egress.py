@@ -351,6 +351,11 @@ def test_a_hand_passed_to_another_session_gets_that_sessions_placeholders_and_se
     assert egress.echo.seen[-1][1]["Authorization"] == f"Bearer {placeholder(mine.id)}", (
         "no longer its session's"
     )
+    # A toolbox daemon that dies is forked again: it starts with the new holder's variables too.
+    with contextlib.suppress(Exception):
+        _bash(sandbox, "kill -9 $PPID; sleep 5")
+    out = _bash(sandbox, "echo $ECHO_TOKEN")
+    assert "toolbox restarted" in out and out.splitlines()[0] == placeholder(theirs.id), out
 
 
 def test_a_pooled_sandbox_taken_by_a_session_gets_its_placeholders(egress: Egress, redis_url: str):

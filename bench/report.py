@@ -3,9 +3,9 @@
 Usage: .venv/bin/python bench/report.py [--quick]
 
 Each benchmark gets a section: its targets beside the measured figures, how it was run, the machine it ran on
-and its plot. Benchmarks this file knows (log, harness, sandboxes, ui, ttft, api) are rendered from their own
-structure; any other `bench/results/<name>.json` is rendered from its lists of rows. A full run's results are
-used when present, a `--quick` run's otherwise (and first with --quick); a section says which.
+and its plot. Benchmarks this file knows (log, harness, sandboxes, ui, ttft, api, egress) are rendered from
+their own structure; any other `bench/results/<name>.json` is rendered from its lists of rows. A full run's
+results are used when present, a `--quick` run's otherwise (and first with --quick); a section says which.
 
 The same renderers print a benchmark's figures when it ends (`render`, through bench/common/results.py), so
 the terminal and the README show one table.
@@ -23,7 +23,7 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
-ORDER = ("log", "harness", "sandboxes", "workqueue", "work_queue", "ui", "ttft", "api")
+ORDER = ("log", "harness", "sandboxes", "workqueue", "work_queue", "ui", "ttft", "api", "egress")
 TITLES = {
     "log": "The session log: appends and slice reads (bench/log.py)",
     "harness": "The brain: resume after SIGKILL, overhead per model call (bench/harness.py)",
@@ -31,6 +31,9 @@ TITLES = {
     "ui": "The browser UI: opening a long session, live appends in many pages (bench/ui.py)",
     "ttft": "Time to first token: coupled vs decoupled sandboxes (bench/ttft.py)",
     "api": "The /v1 request path through the official SDK, side by side by code version (bench/api.py)",
+    "egress": (
+        "The egress proxy: the latency it adds to a sandbox's HTTPS request and an MCP call (bench/egress.py)"
+    ),
 }
 
 
@@ -475,6 +478,50 @@ def render_api(data: dict[str, Any]) -> tuple[list[str], int, int]:
     return intro + md_table(header, rows), 0, 0
 
 
+def render_egress(data: dict[str, Any]) -> tuple[list[str], int, int]:
+    """Each call through the proxy beside the same call made directly; the target is on the added p50."""
+    plan = data["plan"]
+    out = [
+        f"{plan['rounds']} rounds of {plan['batch']} HTTPS requests per side and case (after "
+        f"{plan['warmup']} untimed), and {plan['mcp_calls']} MCP calls per side (after "
+        f"{plan.get('mcp_warmup', 0)} untimed); the two sides take turns throughout.",
+        "",
+    ]
+    for paragraph in data.get("method", []):
+        out += [paragraph, ""]
+    rows = [
+        [
+            r["measurement"],
+            r["n"],
+            f"{num(r['direct']['p50_ms'], 2)} / {num(r['direct']['p95_ms'], 2)}",
+            f"{num(r['proxied']['p50_ms'], 2)} / {num(r['proxied']['p95_ms'], 2)}",
+            f"{r['added_p50_ms']:+.2f}",
+            f"{r['added_p95_ms']:+.2f}",
+            f"{r['paired_added_p50_ms']:+.2f}",
+            f"{r['ratio_p50']:.2f}x" if r.get("ratio_p50") is not None else None,
+            r["target"].replace("<=", "≤"),
+            verdict(r["met"]),
+        ]
+        for r in data["rows"]
+    ]
+    header = ["measurement", "n per side", "direct p50 / p95 ms", "through the proxy p50 / p95 ms"]
+    header += ["added p50 ms", "added p95 ms", "added, paired ms", "proxy / direct (p50)", "target", "result"]
+    out += md_table(header, rows)
+    for r in data["rows"]:
+        methods = r.get("requests_per_call")
+        if methods:
+            total = sum(methods.values())
+            out += [
+                f"{r['measurement']}: {total:g} HTTP requests a call through the door ("
+                + ", ".join(f"{method} {n:g}" for method, n in methods.items())
+                + f", by the proxy's audit rows): {r['added_p50_ms'] / total:.2f} ms added per request "
+                "at p50.",
+                "",
+            ]
+    met = sum(bool(r["met"]) for r in data["rows"])
+    return out, met, len(data["rows"])
+
+
 def pct(value: float | None) -> str | None:
     return None if value is None else f"{value:.1%}"
 
@@ -517,6 +564,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], tuple[list[str], int, int]]] = {
     "ui": render_ui,
     "ttft": render_ttft,
     "api": render_api,
+    "egress": render_egress,
 }
 
 

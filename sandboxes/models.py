@@ -6,6 +6,9 @@ from typing import Self
 from django.db import models
 
 from kernel.ids import new_id
+from sandboxes.work_models import EnvironmentKey, WorkItem, WorkPoller
+
+__all__ = ["Environment", "EnvironmentKey", "Sandbox", "WorkItem", "WorkPoller"]
 
 
 class EnvironmentQuerySet(models.QuerySet["Environment"]):

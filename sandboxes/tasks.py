@@ -1,4 +1,4 @@
-"""Background work on sandboxes: pool refills and the reaper (on beat)."""
+"""Background work on sandboxes: pool refills, the reaper, and the work queue's sweep for lost workers (on beat)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from celery import shared_task
 from sandboxes.models import Environment
 from sandboxes.pool import REFILL_TASK, pool_refill, pool_size
 from sandboxes.reaper import reap_idle, reap_orphans
+from sandboxes.work_queue import work_sweep
 
 
 @shared_task(name=REFILL_TASK, ignore_result=True, time_limit=600, soft_time_limit=570)
@@ -23,3 +24,10 @@ def maintain_pools() -> int:
 @shared_task(ignore_result=True, time_limit=600, soft_time_limit=570)
 def reap() -> dict[str, list[str]]:
     return {"idle": reap_idle(), "orphans": reap_orphans()}
+
+
+@shared_task(ignore_result=True, time_limit=300, soft_time_limit=270)
+def sweep_work() -> list[str]:
+    """Work items whose self-hosted worker is gone go back to the queue (polls sweep their own environment
+    too, so an idle queue's pollers need not wait for beat)."""
+    return work_sweep()

@@ -136,17 +136,44 @@ def sandbox_provisioned(sandbox_id: str, name: str, *, provider: str, pooled: bo
     }
 
 
-def sandbox_failed(name: str, reason: str, *, sandbox_id: str | None = None) -> dict[str, Any]:
-    """A sandbox could not be provisioned (no `sandbox_id` yet), or died or failed a check (with one)."""
+def _worker(work_id: str | None, worker_id: str | None) -> dict[str, str]:
+    """A self-hosted worker's hands: the work item it serves and the worker (its Anthropic-Worker-ID)."""
+    return {} if work_id is None else {"work_id": work_id, "worker_id": worker_id or ""}
+
+
+def sandbox_failed(
+    name: str,
+    reason: str,
+    *,
+    sandbox_id: str | None = None,
+    work_id: str | None = None,
+    worker_id: str | None = None,
+) -> dict[str, Any]:
+    """A sandbox could not be provisioned (no `sandbox_id` yet), or died or failed a check (with one); a
+    self-hosted worker's hands (`work_id`, `worker_id`) fail when the worker is lost."""
     event: dict[str, Any] = {"type": "sandbox.failed"}
     if sandbox_id is not None:
         event["sandbox_id"] = sandbox_id
-    return {**event, "name": name, "reason": reason}
+    return {**event, "name": name, "reason": reason, **_worker(work_id, worker_id)}
 
 
-def sandbox_attached(sandbox_id: str, name: str, *, from_session: str | None = None) -> dict[str, Any]:
-    event = {"type": "sandbox.attached", "sandbox_id": sandbox_id, "name": name}
-    return event if from_session is None else {**event, "from_session": from_session}
+def sandbox_attached(
+    sandbox_id: str,
+    name: str,
+    *,
+    from_session: str | None = None,
+    provider: str | None = None,
+    work_id: str | None = None,
+    worker_id: str | None = None,
+) -> dict[str, Any]:
+    """Hands joined the session: passed from another session, or a self-hosted worker's (`provider`,
+    `work_id`, `worker_id`) claiming the session's work item."""
+    event: dict[str, Any] = {"type": "sandbox.attached", "sandbox_id": sandbox_id, "name": name}
+    if from_session is not None:
+        event["from_session"] = from_session
+    if provider is not None:
+        event["provider"] = provider
+    return {**event, **_worker(work_id, worker_id)}
 
 
 def sandbox_detached(sandbox_id: str, name: str, *, to_session: str | None = None) -> dict[str, Any]:
@@ -154,8 +181,19 @@ def sandbox_detached(sandbox_id: str, name: str, *, to_session: str | None = Non
     return event if to_session is None else {**event, "to_session": to_session}
 
 
-def sandbox_terminated(sandbox_id: str, name: str) -> dict[str, Any]:
-    return {"type": "sandbox.terminated", "sandbox_id": sandbox_id, "name": name}
+def sandbox_terminated(
+    sandbox_id: str,
+    name: str,
+    *,
+    reason: str | None = None,
+    work_id: str | None = None,
+    worker_id: str | None = None,
+) -> dict[str, Any]:
+    """The sandbox ended; a self-hosted worker's hands (`work_id`, `worker_id`) end when its item stops."""
+    event: dict[str, Any] = {"type": "sandbox.terminated", "sandbox_id": sandbox_id, "name": name}
+    if reason is not None:
+        event["reason"] = reason
+    return {**event, **_worker(work_id, worker_id)}
 
 
 def fork_created(from_session: str, *, through_seq: int) -> dict[str, Any]:

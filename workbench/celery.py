@@ -10,6 +10,17 @@ app = Celery("workbench")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
+
+@app.on_after_configure.connect
+def _sweep_work_queue(sender: Celery, **_: object) -> None:
+    """Beat: the self-hosted work queue's sweep for lost workers, every WORK_SWEEP_SECONDS."""
+    from django.conf import settings
+
+    sender.add_periodic_task(
+        settings.WORK_SWEEP_SECONDS, sender.signature("sandboxes.tasks.sweep_work"), name="sweep-work"
+    )
+
+
 # How long a thread that wants the GIL waits before it asks the holder to give it up.
 GIL_SWITCH_SECONDS = 0.001
 

@@ -280,6 +280,18 @@ EGRESS_CA_FILE = env("EGRESS_CA_FILE", default="")
 # An mcp_oauth token this close to its expires_at is refreshed before the request that would use it.
 EGRESS_REFRESH_MARGIN_SECONDS = env.float("EGRESS_REFRESH_MARGIN_SECONDS", default=60.0)
 
+# --- Self-hosted work queue (sandboxes/work_queue.py) ---------------------------------------------------------
+# A work item acked but never heartbeated goes back to the queue after WORK_START_TIMEOUT_SECONDS (the SDK's
+# poller acks before its worker's first heartbeat, so a worker dying in between would strand it). A lease
+# lasts WORK_LEASE_TTL_SECONDS from each heartbeat unless the heartbeat asks another desired_ttl_seconds
+# (WORK_MIN_TTL_SECONDS to WORK_MAX_TTL_SECONDS); an active item whose lease ran out goes back to the queue,
+# and a stopping one is stopped. Beat looks for such items every WORK_SWEEP_SECONDS; every poll looks too.
+WORK_START_TIMEOUT_SECONDS = env.float("WORK_START_TIMEOUT_SECONDS", default=30.0)
+WORK_LEASE_TTL_SECONDS = env.int("WORK_LEASE_TTL_SECONDS", default=90)
+WORK_MIN_TTL_SECONDS = env.int("WORK_MIN_TTL_SECONDS", default=2)
+WORK_MAX_TTL_SECONDS = env.int("WORK_MAX_TTL_SECONDS", default=3600)
+WORK_SWEEP_SECONDS = env.float("WORK_SWEEP_SECONDS", default=5.0)
+
 # --- MCP tools (harness.mcp) -------------------------------------------------------------------------------
 # One listing or call, connection included; and how long a session's listing of a server is reused.
 MCP_TIMEOUT_SECONDS = env.float("MCP_TIMEOUT_SECONDS", default=30.0)

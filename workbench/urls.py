@@ -5,6 +5,7 @@ from harness.api.agents import router as agents
 from harness.api.sessions import router as sessions
 from kernel.api.edge import Edge
 from sandboxes.api import router as environments
+from sandboxes.work_api import router as work
 from vault.api import router as vaults
 from workbench import views
 
@@ -14,6 +15,7 @@ api = Edge(
 )
 api.add_router("", agents)
 api.add_router("", environments)
+api.add_router("", work)
 api.add_router("", sessions)
 api.add_router("", vaults)
 

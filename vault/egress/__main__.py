@@ -15,15 +15,15 @@ import django
 from django.conf import settings
 
 # What the proxy loads: the models it reads (and those they point to), without the web server's apps
-# (daphne, channels), which its virtualenv does not have.
+# (daphne, channels), which its virtualenv does not have, and without the apps' start-up hooks (apps.py).
 EGRESS_APPS = [
     "django.contrib.auth",
     "django.contrib.contenttypes",
-    "kernel.apps.KernelConfig",
-    "sessions.apps.SessionsConfig",
-    "harness.apps.HarnessConfig",
-    "sandboxes.apps.SandboxesConfig",
-    "vault.apps.VaultConfig",
+    "vault.egress.apps.KernelModels",
+    "vault.egress.apps.SessionsModels",
+    "vault.egress.apps.HarnessModels",
+    "vault.egress.apps.SandboxesModels",
+    "vault.egress.apps.VaultModels",
 ]
 
 

@@ -40,6 +40,9 @@ MAX_NAME_LENGTH: int = Sandbox._meta.get_field("name").max_length  # type: ignor
 LIVE = (Sandbox.Status.READY, Sandbox.Status.PROVISIONING)
 
 
+SELF_HOSTED = "self_hosted"  # a worker's hold on a session (sandboxes/work_queue.py), not a provider's
+
+
 def _log(session_id: str) -> Emit:
     return lambda event: emit_event(session_id, event)
 
@@ -194,6 +197,11 @@ def _live(sandbox_id: str) -> Sandbox:
     sandbox = Sandbox.objects.select_for_update().filter(id=sandbox_id).first()
     if sandbox is None:
         raise NotFound("sandbox", sandbox_id)
+    if sandbox.provider == SELF_HOSTED:
+        raise Invalid(
+            f"Sandbox {sandbox_id} is a self-hosted worker's hold on its session's work item "
+            f"({sandbox.handle}): it cannot change hands. Terminate it to ask the worker to stop."
+        )
     if sandbox.status != Sandbox.Status.READY:
         raise Invalid(f"Sandbox {sandbox_id} is {sandbox.status}; only a ready sandbox can change hands.")
     return sandbox
@@ -296,6 +304,8 @@ def sandbox_terminate(sandbox_id: str, *, emit: Emit | None = None) -> Sandbox:
     sandbox = Sandbox.objects.filter(id=sandbox_id).first()
     if sandbox is None:
         raise NotFound("sandbox", sandbox_id)
+    if sandbox.provider == SELF_HOSTED:
+        return _release_worker(sandbox)
     if sandbox.status in (Sandbox.Status.READY, Sandbox.Status.PROVISIONING, Sandbox.Status.DEAD):
         try:
             if sandbox.handle:
@@ -305,6 +315,20 @@ def sandbox_terminate(sandbox_id: str, *, emit: Emit | None = None) -> Sandbox:
         Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.TERMINATED)
         if sandbox.session_id:
             (emit or _log(sandbox.session_id))(events.sandbox_terminated(sandbox.id, sandbox.name))
+    sandbox.refresh_from_db()
+    return sandbox
+
+
+def _release_worker(sandbox: Sandbox) -> Sandbox:
+    """A self-hosted worker's hand is no container: ending it asks the worker to stop the session's work item
+    (which releases the hand and says so in the log)."""
+    from sandboxes.work_queue import work_stop_for_session  # the queue builds on this module's models
+
+    if sandbox.session_id and sandbox.status == Sandbox.Status.READY:
+        work_stop_for_session(sandbox.session_id)
+    Sandbox.objects.filter(id=sandbox.id, status__in=(Sandbox.Status.READY, Sandbox.Status.DEAD)).update(
+        status=Sandbox.Status.TERMINATED
+    )
     sandbox.refresh_from_db()
     return sandbox
 

@@ -19,6 +19,7 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from sandboxes.models import Sandbox, WorkItem
+from sandboxes.reaper import reap_idle
 from sandboxes.tasks import sweep_work
 from sandboxes.work import (
     add_work_lost_hook,
@@ -30,7 +31,7 @@ from sandboxes.work import (
 from sandboxes.work_keys import SessionsTokenPrincipal, environment_key_create
 from sandboxes.work_queue import _lost_hooks, _stopped_hooks, work_enqueue_healthcheck, work_poll, work_sweep
 from sandboxes.work_wake import channel
-from sessions.models import Event
+from sessions.models import Event, Session
 from tests.conftest import in_thread, make_agent, make_environment, make_session, on_postgres, require
 
 pytestmark = pytest.mark.django_db
@@ -64,6 +65,9 @@ class Caller:
     def post(self, path: str, body: Any = None) -> Any:
         data = b"" if body is None else json.dumps(body).encode()
         return self.client.post(path, data, content_type="application/json", **self.headers)
+
+    def delete(self, path: str) -> Any:
+        return self.client.delete(path, **self.headers)
 
 
 @pytest.fixture
@@ -695,3 +699,34 @@ def test_the_sdks_own_poller_takes_an_item_and_stops_it_with_its_sessions_token(
     assert served == [(work_id, "queued")]
     row = WorkItem.objects.get(id=work_id)
     assert row.state == "stopped" and row.worker_id.startswith(__import__("socket").gethostname())
+
+
+def test_a_workers_hand_cannot_change_hands_and_terminating_it_asks_the_worker_to_stop(
+    worker, operator, env_id, session
+):
+    item, _, beat = claimed(worker, env_id, session)
+    hand = Sandbox.objects.get(session_id=session, provider="self_hosted")
+    other = make_session(environment_id=env_id)
+    for path, body in (
+        (f"/v1/sessions/{session}/sandboxes/{hand.id}/detach", {}),
+        (f"/v1/sessions/{session}/sandboxes/{hand.id}/transfer", {"to_session": other}),
+        (f"/v1/sessions/{other}/sandboxes", {"sandbox_id": hand.id}),
+    ):
+        refused = operator.post(path, body)
+        assert refused.status_code == 400, (path, refused.content)
+        assert "self-hosted worker's hold" in refused.json()["error"]["message"]
+    assert Sandbox.objects.get(id=hand.id).session_id == session
+    assert operator.delete(f"/v1/sessions/{session}/sandboxes/{hand.id}").status_code == 200
+    assert Sandbox.objects.get(id=hand.id).status == "terminated"
+    next_beat = worker.post(
+        f"/v1/environments/{env_id}/work/{item['id']}/heartbeat?expected_last_heartbeat={beat['last_heartbeat']}"
+    )
+    assert next_beat.json()["state"] in ("stopping", "stopped"), next_beat.content
+
+
+def test_the_reaper_ends_a_finished_sessions_worker_hand_without_a_provider(worker, env_id, session):
+    claimed(worker, env_id, session)
+    Session.objects.filter(id=session).update(status="terminated")
+    reaped = reap_idle()
+    hand = Sandbox.objects.get(session_id=session, provider="self_hosted")
+    assert hand.id in reaped and hand.status == "terminated"

@@ -24,8 +24,7 @@ from django.utils import timezone
 from sandboxes.models import Sandbox
 from sessions.models import Session
 from vault import crypto
-from vault.models import Credential, RepositorySecret, Vault
-from vault.services import audit
+from vault.models import Credential, CredentialUse, RepositorySecret, Vault
 
 from .policy import EnvCredential, McpCredential, Repository, SandboxPolicy, SessionPolicy
 
@@ -278,10 +277,19 @@ class Policies:
 
 
 class Auditor:
-    """Writes the audit trail on a thread of its own, in order, so a request never waits for the insert."""
+    """Writes the audit trail on a thread of its own, in order, so a request never waits for the insert.
+
+    Rows are written in batches, one INSERT for what queued in GATHER_SECONDS after the first (so the write
+    falls after the answer it audits, not while it is being relayed), and a credential's `last_used_at` is
+    moved at most once per LAST_USED_RESOLUTION: a busy proxy writes a row per use without an UPDATE per use."""
+
+    BATCH = 500
+    GATHER_SECONDS = 0.05
+    LAST_USED_RESOLUTION = 10.0
 
     def __init__(self) -> None:
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._last_used: dict[str, float] = {}
         self._thread = threading.Thread(target=self._run, name="egress-audit", daemon=True)
         self._thread.start()
 
@@ -293,12 +301,39 @@ class Auditor:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        while (row := self._queue.get()) is not None:
-            try:
-                close_old_connections()
-                action = row.pop("action")
-                audit(action, actor=ACTOR, **row)
-                if action == "inject" and row.get("credential_id"):
-                    Credential.objects.filter(id=row["credential_id"]).update(last_used_at=timezone.now())
-            except Exception:
-                logger.exception("egress: an audit row could not be written")
+        done = False
+        while not done:
+            first = self._queue.get()
+            rows = [] if first is None else [first]
+            done = first is None
+            if not done:
+                time.sleep(self.GATHER_SECONDS)
+            while not done and len(rows) < self.BATCH:
+                try:
+                    row = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if row is None:
+                    done = True
+                else:
+                    rows.append(row)
+            if rows:
+                self._write(rows)
+
+    def _write(self, rows: list[dict[str, Any]]) -> None:
+        try:
+            close_old_connections()
+            CredentialUse.objects.bulk_create([CredentialUse(actor=ACTOR, **row) for row in rows])
+            now = time.monotonic()
+            used = {
+                row["credential_id"]
+                for row in rows
+                if row["action"] == "inject"
+                and row.get("credential_id")
+                and now - self._last_used.get(row["credential_id"], -1e9) > self.LAST_USED_RESOLUTION
+            }
+            if used:
+                Credential.objects.filter(id__in=used).update(last_used_at=timezone.now())
+                self._last_used.update(dict.fromkeys(used, now))
+        except Exception:
+            logger.exception("egress: %d audit rows could not be written", len(rows))

@@ -12,6 +12,11 @@ request after every tool call, and listing a server each time would add a connec
 session, because the proxy answers each session with that session's vault credentials, so two sessions
 may be shown different tools by the same server. A failed listing is not cached.
 
+Sessions with a server are kept open (`_Pool`): a brain process keeps a Workbench session's MCP session with
+each server for `MCP_SESSION_IDLE_SECONDS` after its last use, so a call is one request (the tool call)
+instead of six. It is a cache, not state: another process opens its own, and a session that fails or is
+interrupted is dropped and the next request connects again.
+
 Failures are `session.error`s (`mcp_connection_failed_error`: down, timed out, not speaking MCP, any other
 HTTP error; `mcp_authentication_failed_error`: the server's 401/403), with `retry_status` "retrying": the
 turn goes on, the model told that the call failed (or offered the other servers' tools when a listing
@@ -32,6 +37,9 @@ connects directly, and only servers that need no credential work.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import hashlib
 import json
 import re
@@ -42,7 +50,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 import httpx2
 import mcp_types
 from django.conf import settings
@@ -229,54 +236,215 @@ def _http_client(session_id: str, seen: _Seen) -> httpx2.AsyncClient:
     return httpx2.AsyncClient(**options)
 
 
+Work = Callable[[ClientSession], Any]
+
+
+@dataclass
+class _Request:
+    work: Work
+    done: asyncio.Future[Any]
+    seen: _Seen
+
+
+class _Connection:
+    """One MCP session with a server, for one Workbench session, kept open between calls on the pool's loop.
+
+    A task of its own enters the client's contexts (anyio's scopes must be left by the task that entered
+    them), serves requests one at a time, and closes after MCP_SESSION_IDLE_SECONDS without one, or at the
+    first request that fails or is cancelled: the next request connects again."""
+
+    def __init__(self, key: tuple[str, ...], session_id: str, url: str, pool: _Pool):
+        self.key, self.session_id, self.url, self.pool = key, session_id, url, pool
+        self.requests: asyncio.Queue[_Request] = asyncio.Queue()
+        self.seen = _Seen()
+        self.open = True
+
+    async def serve(self) -> None:
+        first = await self.requests.get()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                self.seen = first.seen
+                # Connecting and initializing, within the one call's time (ours, not the SDK's read timeout,
+                # which is set past it, so a slow server says how long it was given).
+                async with asyncio.timeout(settings.MCP_TIMEOUT_SECONDS):
+                    client = await stack.enter_async_context(_http_client(self.session_id, _Relay(self)))
+                    read, write = await stack.enter_async_context(
+                        streamable_http_client(self.url, http_client=client)
+                    )
+                    session = await stack.enter_async_context(
+                        ClientSession(read, write, read_timeout_seconds=settings.MCP_TIMEOUT_SECONDS + 5)
+                    )
+                    await session.initialize()
+                request: _Request | None = first
+                while request is not None:
+                    self.seen = request.seen
+                    if not await self._answer(session, request):
+                        break
+                    request = await self._next()
+        except BaseException as error:  # noqa: BLE001 - connecting failed: the waiting request says why
+            if not first.done.done():
+                first.done.set_exception(error if isinstance(error, Exception) else RuntimeError(str(error)))
+            if not isinstance(error, Exception):
+                raise
+        finally:
+            self.close()
+
+    async def _answer(self, session: ClientSession, request: _Request) -> bool:
+        """Run one request; False when the connection should not serve another."""
+        if request.done.cancelled():
+            return True
+        work = asyncio.ensure_future(request.work(session))
+        request.done.add_done_callback(lambda done: work.cancel() if done.cancelled() else None)
+        try:
+            value = await asyncio.wait_for(work, settings.MCP_TIMEOUT_SECONDS)
+        except BaseException as error:  # noqa: BLE001 - handed to the caller, and the connection dropped
+            if not request.done.done():  # not the caller's cancel: the session broke under the call
+                request.done.set_exception(
+                    error
+                    if isinstance(error, Exception)
+                    else ConnectionResetError("the MCP session with the server ended during the call")
+                )
+            if isinstance(error, asyncio.CancelledError) and asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise  # the connection itself is being cancelled (the pool's loop is closing)
+            return False
+        if not request.done.done():
+            request.done.set_result(value)
+        return True
+
+    async def _next(self) -> _Request | None:
+        try:
+            return await asyncio.wait_for(self.requests.get(), settings.MCP_SESSION_IDLE_SECONDS)
+        except TimeoutError:
+            return None
+
+    def close(self) -> None:
+        self.open = False
+        self.pool.forget(self)
+        while not self.requests.empty():  # asked for while it closed: they connect again
+            self.pool.resubmit(self.key, self.session_id, self.url, self.requests.get_nowait())
+
+
+class _Relay(_Seen):
+    """The HTTP client's response hook, for whichever request the connection serves now."""
+
+    def __init__(self, connection: _Connection):
+        super().__init__()
+        self.connection = connection
+
+    async def response(self, response: httpx2.Response) -> None:
+        await self.connection.seen.response(response)
+
+
+class _Pool:
+    """The process's open MCP sessions, on one event loop in a thread of their own: a call on a session that
+    is open is one request (the tool call) instead of six (initialize and its notification, the SDK's GET
+    stream, the call, the listing the SDK adds to check the result, the session's end), through the egress
+    proxy or not. The credential is the proxy's to add on each request, so a changed one applies at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._connections: dict[tuple[str, ...], _Connection] = {}
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="mcp-sessions", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def forget(self, connection: _Connection) -> None:
+        if self._connections.get(connection.key) is connection:
+            del self._connections[connection.key]
+
+    def resubmit(self, key: tuple[str, ...], session_id: str, url: str, request: _Request) -> None:
+        self._submit(key, session_id, url, request)
+
+    def _submit(self, key: tuple[str, ...], session_id: str, url: str, request: _Request) -> None:
+        """On the loop: hand `request` to the key's open connection, opening one if there is none."""
+        connection = self._connections.get(key)
+        if connection is None or not connection.open:
+            connection = self._connections[key] = _Connection(key, session_id, url, self)
+            asyncio.ensure_future(connection.serve())
+        connection.requests.put_nowait(request)
+
+    def run(
+        self,
+        session_id: str,
+        server: str,
+        url: str,
+        work: Work,
+        cancelled: Callable[[], bool] | None,
+        seen: _Seen,
+    ) -> Any:
+        """`work(session)` on the session's open MCP session with the server, from a brain's thread;
+        `cancelled` is polled, so an interrupt stops a call midway."""
+        loop = self._running_loop()
+        key = (
+            session_id,
+            server,
+            url,
+            settings.EGRESS_HARNESS_URL,
+            settings.EGRESS_HARNESS_TOKEN,
+            settings.EGRESS_CA_FILE,
+        )
+
+        async def submit() -> Any:
+            request = _Request(work, loop.create_future(), seen)
+            self._submit(key, session_id, url, request)
+            return await request.done
+
+        future = asyncio.run_coroutine_threadsafe(submit(), loop)
+        deadline = time.monotonic() + 2 * settings.MCP_TIMEOUT_SECONDS + 5
+        while True:
+            try:
+                return future.result(timeout=0.1)
+            except concurrent.futures.TimeoutError:
+                if cancelled is not None and cancelled():
+                    future.cancel()
+                    raise Interrupted() from None
+                if time.monotonic() > deadline:
+                    future.cancel()
+                    raise TimeoutError() from None
+
+    def close_all(self) -> None:
+        """Close every open session (tests; a process about to exit needs none of this)."""
+        loop = self._loop
+        if loop is None:
+            return
+
+        async def close() -> None:
+            for connection in list(self._connections.values()):
+                connection.requests.put_nowait(_Request(_closing, loop.create_future(), _Seen()))
+
+        asyncio.run_coroutine_threadsafe(close(), loop).result(5)
+
+
+async def _closing(session: ClientSession) -> Any:
+    raise ConnectionResetError("closed by the pool")
+
+
+pool = _Pool()
+
+
 def _run(
     session_id: str,
     server: str,
     url: str,
-    work: Callable[[ClientSession], Any],
+    work: Work,
     *,
     cancelled: Callable[[], bool] | None = None,
 ) -> Any:
-    """`work(session)` on a fresh MCP session with the server, from synchronous code (a brain's thread).
-
-    One connection per listing or call: a brain holds no state between steps, and the listing cache keeps
-    connections to one per call in a turn. `cancelled` is polled, so an interrupt stops a call midway."""
+    """`work(session)` on the session's MCP session with the server (kept open between calls, `_Pool`),
+    from synchronous code (a brain's thread). Raises McpFailure, or Interrupted."""
     seen = _Seen()
-
-    async def session_work() -> Any:
-        async with (
-            _http_client(session_id, seen) as client,
-            streamable_http_client(url, http_client=client) as (read, write),
-            ClientSession(read, write, read_timeout_seconds=settings.MCP_TIMEOUT_SECONDS) as session,
-        ):
-            await session.initialize()
-            return await work(session)
-
-    async def main() -> Any:
-        outcome: dict[str, Any] = {}
-        with anyio.fail_after(settings.MCP_TIMEOUT_SECONDS):
-            async with anyio.create_task_group() as group:
-
-                async def run() -> None:
-                    outcome["value"] = await session_work()
-                    group.cancel_scope.cancel()
-
-                async def watch() -> None:
-                    while not (cancelled is not None and cancelled()):
-                        await anyio.sleep(0.1)
-                    outcome["cancelled"] = True
-                    group.cancel_scope.cancel()
-
-                group.start_soon(run)
-                group.start_soon(watch)
-        if outcome.get("cancelled"):
-            raise Interrupted()
-        return outcome["value"]
-
     try:
-        return anyio.run(main)
+        return pool.run(session_id, server, url, work, cancelled, seen)
     except Interrupted:
         raise
+    except concurrent.futures.CancelledError:
+        raise Interrupted() from None
     except Exception as error:  # noqa: BLE001 - whatever broke (network, server, its answer) is classified
         raise _failure(server, seen, _leaf(error)) from error
 

@@ -296,5 +296,7 @@ WORK_SWEEP_SECONDS = env.float("WORK_SWEEP_SECONDS", default=5.0)
 # One listing or call, connection included; and how long a session's listing of a server is reused.
 MCP_TIMEOUT_SECONDS = env.float("MCP_TIMEOUT_SECONDS", default=30.0)
 MCP_TOOLS_TTL_SECONDS = env.float("MCP_TOOLS_TTL_SECONDS", default=30.0)
+# A brain process keeps a session's MCP session with a server open this long after its last call.
+MCP_SESSION_IDLE_SECONDS = env.float("MCP_SESSION_IDLE_SECONDS", default=60.0)
 # The most text (and image data) of one MCP tool result that the log keeps; the rest is cut with a note.
 MCP_RESULT_MAX_CHARS = env.int("MCP_RESULT_MAX_CHARS", default=100_000)

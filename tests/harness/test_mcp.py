@@ -7,6 +7,7 @@ import asyncio
 import base64
 import datetime
 import ipaddress
+import json
 import socket
 import threading
 import time
@@ -199,6 +200,64 @@ def test_the_listing_is_reused_within_its_ttl_and_a_second_tool_works(model_url,
     run_brain(session_id)
     assert [texts(r) for r in of(session_id, "agent.mcp_tool_result")] == ["42", "echo: x"]
     assert list(mcp.listings.entries) == [(session_id, "tools", mcp_url)]
+
+
+def counted(app: Any, requests: list[tuple[str, str]]) -> Any:
+    """`app`, noting each HTTP request's method and JSON-RPC method (or "-")."""
+
+    async def serve(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        try:
+            method = json.loads(body).get("method", "-") if body else "-"
+        except ValueError:
+            method = "?"
+        requests.append((scope["method"], method))
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await app(scope, replay, send)
+
+    return serve
+
+
+def test_a_sessions_calls_share_one_open_mcp_session_and_it_closes_when_idle(model_url):
+    """The brain process keeps the session's MCP session open: the second call is one request."""
+    requests: list[tuple[str, str]] = []
+    with (
+        override_settings(MCP_SESSION_IDLE_SECONDS=1.0),
+        serving(counted(tool_server().streamable_http_app(), requests)) as base,
+    ):
+        session_id = mcp_session(f"{base}/mcp")
+        say(session_id, '/tool mcp__tools__add {"a": 1, "b": 2}')
+        run_brain(session_id)
+        first = len(requests)
+        say(session_id, '/tool mcp__tools__add {"a": 3, "b": 4}')
+        run_brain(session_id)
+        assert [texts(r) for r in of(session_id, "agent.mcp_tool_result")] == ["3", "7"]
+        assert requests[first:] == [("POST", "tools/call")], requests
+        assert ("POST", "initialize") in requests[:first]
+        deadline = time.monotonic() + 10
+        while ("DELETE", "-") not in requests and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ("DELETE", "-") in requests, "an idle MCP session is ended"
+        say(session_id, '/tool mcp__tools__add {"a": 5, "b": 6}')
+        run_brain(session_id)
+    assert texts(of(session_id, "agent.mcp_tool_result")[-1]) == "11"
+    assert requests.count(("POST", "initialize")) == 2, "a new session after the idle one ended"
 
 
 def test_a_long_result_is_cut_to_the_limit_with_a_note(model_url, mcp_url):

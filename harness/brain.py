@@ -23,9 +23,10 @@ from django.conf import settings
 from harness.cache import Log, known_logs
 from harness.fold import fold
 from harness.harnesses import harness_for, pending
-from harness.harnesses.steps import parked_notice
+from harness.harnesses.steps import AwaitAction, CloseCall, RecordRecovery, Recover, parked_notice
 from harness.lease import Lease, lease_acquire, lease_held
 from harness.model import Cancelled
+from harness.tools import runs_on_worker
 from harness.watcher import watcher
 from sandboxes.provisioning import provisioning_mode
 from sessions import events
@@ -50,12 +51,15 @@ class LeaseLost(Exception):
     """Another brain holds the session now: stop at once and never retry the write."""
 
 
-def run_brain(session_id: str, *, by: str = "event", rounds: int = 5) -> Outcome:
+def run_brain(
+    session_id: str, *, by: str = "event", rounds: int = 5, only: tuple[type, ...] | None = None
+) -> Outcome:
     """Work the session until it has nothing to do. Returns what happened, for logs and tests.
 
     Parking and recovery are steps the harness chooses (`harness_for`, `ToolUseHarness.next_step`). Work that
     arrived while the lease was held found it busy; once it is free the log is read again, and if it shows
-    work the lease is taken again, `rounds` times in all at most."""
+    work the lease is taken again, `rounds` times in all at most. With `only`, the steps of those types
+    alone are taken: the first of another type ends the run, and the lease is released for a brain worker."""
     taken = _take_lease(session_id)
     if taken is None:
         return Outcome.BUSY
@@ -68,6 +72,8 @@ def run_brain(session_id: str, *, by: str = "event", rounds: int = 5) -> Outcome
             with Brain(lease, log, woken_by=by) as brain:  # the process's watcher renews its lease meanwhile
                 harness = harness_for(brain)
                 while (step := harness.next_step(brain.state, brain)) is not None:
+                    if only is not None and not isinstance(step, only):
+                        break
                     # A Cancelled step leaves the interrupt in the log; the harness handles it next.
                     with contextlib.suppress(Cancelled):
                         step.run(brain)
@@ -76,9 +82,22 @@ def run_brain(session_id: str, *, by: str = "event", rounds: int = 5) -> Outcome
         return Outcome.LEASE_LOST
     brain.refresh()
     known_logs.keep(session_id, brain.log)
-    if pending(brain.state) and rounds > 1:
+    if only is None and pending(brain.state) and rounds > 1:
         return run_brain(session_id, by=by, rounds=rounds - 1)
     return Outcome.IDLE
+
+
+# The steps that only write to the log: no model call, no tool run, no sandbox.
+WRITING_STEPS = (RecordRecovery, Recover, CloseCall, AwaitAction)
+
+
+def settle(session_id: str, *, by: str) -> Outcome:
+    """Take the session's next steps now, in this process, while they only write to the log (`WRITING_STEPS`).
+
+    For a self-hosted worker that left (lost, or its item stopped): the calls it may have half-run are closed
+    as unverified, and the others listed for the next worker, before that worker reads the log, so it does
+    not run them again. A step that needs a brain worker (a model call) is left to one: wake it after."""
+    return run_brain(session_id, by=by, only=WRITING_STEPS)
 
 
 class Brain:
@@ -113,6 +132,12 @@ class Brain:
     @property
     def log(self) -> Log:
         return Log(self.events, self.state)
+
+    @cached_property
+    def self_hosted(self) -> bool:
+        """The environment's self-hosted worker runs the toolset's calls, on its machine: the platform
+        provisions no sandbox for the session, and waits for the worker's results."""
+        return runs_on_worker(self.lease.environment)
 
     @cached_property
     def provisioning(self) -> str:

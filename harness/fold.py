@@ -15,6 +15,20 @@ RESULT_TYPES = {
     "user.custom_tool_result": "custom_tool_use_id",
     "agent.mcp_tool_result": "mcp_tool_use_id",
 }
+# A self-hosted worker's hands (a sandbox event with its `work_id`) end as sandbox.failed when the worker is
+# lost, as sandbox.terminated when its work item stops (sandboxes/work_queue.py).
+WORKER_GONE_TYPES = frozenset({"sandbox.failed", "sandbox.terminated"})
+
+
+# A brain.recovered note's action for a call a gone worker may have run, safe to run again, listed for the next.
+RELISTED = "left for the next worker"
+
+
+def result_key(tool_use_id: str) -> str:
+    """The idempotency key every result of a call is written with, by a brain or a user: one per call."""
+    return f"{tool_use_id}:result"
+
+
 STATUS_TYPES = {
     "session.status_running": "running",
     "session.status_idle": "idle",
@@ -36,6 +50,16 @@ class ToolCall:
     @property
     def custom(self) -> bool:
         return self.use.type == "agent.custom_tool_use"
+
+    @property
+    def runnable_seq(self) -> int | None:
+        """The seq from which the call may run: its use, or its confirmation when it asked for one; None
+        while it waits for the confirmation."""
+        if self.confirmation is not None:
+            return self.confirmation.seq
+        if self.custom or self.use.payload.get("evaluated_permission") != "ask":
+            return self.use.seq
+        return None
 
 
 @dataclass
@@ -64,6 +88,11 @@ class SessionState:
     # A sandbox event is in the log. Every hand a session gets (provisioned, from the pool, attached, passed
     # to it) is logged there, so until one is, the session holds none and nobody needs to ask the database.
     hands_seen: bool = False
+    # The last time a self-hosted worker's hands left the session (its work item was lost or stopped): a call
+    # it could run and did not answer may have run on its machine, or not.
+    worker_gone_seq: int = -1
+    # How often each call was listed again for the next worker after one left it unanswered.
+    relisted: dict[str, int] = field(default_factory=dict)
 
     @property
     def pending_inputs(self) -> list[Event]:
@@ -78,6 +107,29 @@ class SessionState:
     @property
     def unanswered(self) -> list[ToolCall]:
         return [self.calls[i] for i in self.last_response_calls if self.calls[i].result is None]
+
+    def waits_since(self, call: ToolCall) -> int:
+        """The seq after which an idle listing the call means it waits for the client (or the worker): since
+        its use, its confirmation, or the loss of a worker that may have been running it."""
+        runnable = call.runnable_seq
+        if runnable is None or call.custom:
+            return call.use.seq
+        return max(runnable, self.worker_gone_seq)
+
+    def listed(self, call: ToolCall) -> bool:
+        """Whether the session's last idle waits on the call: it lists it, and came after `waits_since`."""
+        idle = self.last_idle
+        return (
+            idle is not None
+            and idle.seq > self.waits_since(call)
+            and call.id in (idle.payload.get("stop_reason", {}).get("event_ids") or [])
+        )
+
+    def worker_may_have_run(self, call: ToolCall) -> bool:
+        """A worker that could run the call has gone without answering it, and it was not listed since (for
+        the next worker)."""
+        runnable = call.runnable_seq
+        return runnable is not None and self.worker_gone_seq > runnable and not self.listed(call)
 
     def written_at(self, epoch: int) -> bool:
         """Whether the brain of `epoch` has written yet (epochs only grow, so its events come last)."""
@@ -137,8 +189,13 @@ def fold(events: Iterable[Event], state: SessionState | None = None) -> SessionS
             call = state.calls.get(payload.get("tool_use_id", ""))
             if call is not None:
                 call.confirmation = event
+        elif kind == "brain.recovered" and payload.get("action") == RELISTED:
+            use_id = payload.get("tool_use_id", "")
+            state.relisted[use_id] = state.relisted.get(use_id, 0) + 1
         elif kind == "brain.harness_switched":
             state.harness = payload.get("harness")
         elif kind.startswith("sandbox."):
             state.hands_seen = True
+            if kind in WORKER_GONE_TYPES and "work_id" in payload:
+                state.worker_gone_seq = event.seq
     return state

@@ -19,10 +19,14 @@ from harness.harnesses.steps import (
     RunTool,
 )
 from harness.mcp import recorded_tool
-from harness.tools import Tool
+from harness.tools import SAFE_TO_REPEAT, Tool, on_worker
 
 if TYPE_CHECKING:
     from harness.brain import Brain
+
+# How many self-hosted workers in a row may leave a call unanswered (one its runner keeps failing on) before
+# the call is closed, and the session told, rather than handed to yet another worker.
+WORKERS_PER_CALL = 3
 
 
 class Step(Protocol):
@@ -62,10 +66,16 @@ class ToolUseHarness:
         """Calls of one response this harness will not run (none, unless it limits actions per turn)."""
         return []
 
+    def offered(self, brain: Brain) -> dict[str, Tool]:
+        """The harness's tools as this session has them: in a self-hosted environment the toolset's are the
+        worker's (`on_worker`)."""
+        tools = self.tools()
+        return on_worker(tools) if brain.self_hosted else tools
+
     def next_step(self, state: SessionState, brain: Brain) -> Step | None:
         if brain.lease.attempts > 1 and not state.written_at(brain.epoch):
             return RecordRecovery()
-        tools = self.tools()
+        tools = self.offered(brain)
         if state.open_request is not None and state.open_request.lease_epoch != brain.epoch:
             return CloseOrphanRequest(state.open_request)
         interrupt = state.pending_interrupt
@@ -74,6 +84,8 @@ class ToolUseHarness:
         unanswered = state.unanswered
         refused = {c.id for c in self.extra_calls(unanswered)}
         waiting: list[str] = []
+        relisted: list[ToolCall] = []
+        on_worker_calls = False
         for call in unanswered:
             if call.custom:
                 waiting.append(call.id)
@@ -81,12 +93,26 @@ class ToolUseHarness:
             tool = self.tool_of(call, tools)
             if call.id in refused:
                 return CloseCall(call, f"{self.name} runs one action per turn; this call was not run.")
+            worker = tool is not None and tool.kind == "worker"
+            if worker and call.use.payload.get("evaluated_permission") == "deny":
+                return RunTool(call, tool)  # refused when recorded (its input): answered here, never run
             if tool is not None and tool.permission == "ask" and call.confirmation is None:
                 waiting.append(call.id)
                 continue
             if call.confirmation is not None and call.confirmation.payload.get("result") == "deny":
                 message = call.confirmation.payload.get("deny_message") or "The user denied this tool call."
                 return CloseCall(call, message)
+            if worker:
+                # The worker runs it; one that held the hands and left may have, so the recovery rule applies.
+                if state.worker_may_have_run(call):
+                    if call.use.payload["name"] not in SAFE_TO_REPEAT:
+                        return Recover(call, tool)
+                    if state.relisted.get(call.id, 0) >= WORKERS_PER_CALL:
+                        return Recover(call, tool, workers=WORKERS_PER_CALL + 1)
+                    relisted.append(call)
+                waiting.append(call.id)
+                on_worker_calls = True
+                continue
             if state.earlier_brain_may_have_run(call, brain.epoch):
                 return Recover(call, tool)
             return RunTool(call, tool)
@@ -94,10 +120,10 @@ class ToolUseHarness:
             last = state.last_idle
             already = (
                 last is not None
-                and last.seq > max(state.calls[i].use.seq for i in waiting)
                 and last.payload.get("stop_reason", {}).get("event_ids") == waiting
+                and all(state.listed(state.calls[i]) for i in waiting)
             )
-            return None if already else AwaitAction(waiting)
+            return None if already else AwaitAction(waiting, on_worker=on_worker_calls, relisted=relisted)
         if state.pending_inputs or (state.last_response_calls and not _idle_after_response(state)):
             through = needs_compaction(self.agent.get("context") or {"type": "full"}, brain.events)
             if through is not None:
@@ -119,11 +145,10 @@ class ParkingHarness:
 
 
 def pending(state: SessionState) -> bool:
-    """Whether the log shows work a brain should pick up (what the sweeper and a releasing brain ask)."""
+    """Whether the log shows work a brain should pick up (what the sweeper and a releasing brain ask). A call
+    the last idle lists waits for the client or the worker, not a brain."""
     runnable = [
-        c
-        for c in state.unanswered
-        if not c.custom and (c.use.payload.get("evaluated_permission") != "ask" or c.confirmation is not None)
+        c for c in state.unanswered if not c.custom and c.runnable_seq is not None and not state.listed(c)
     ]
     return bool(
         state.pending_inputs
@@ -131,6 +156,18 @@ def pending(state: SessionState) -> bool:
         or state.open_request
         or runnable
         or (state.last_response_end is not None and not _idle_after_response(state))
+    )
+
+
+def waits_for_worker(state: SessionState) -> bool:
+    """Whether the session waits on calls a worker is to run: listed by its last idle, with no result. In a
+    self-hosted session those are its toolset calls (an `agent.tool_use` not refused when recorded)."""
+    return any(
+        c.use.type == "agent.tool_use"
+        and c.use.payload.get("evaluated_permission") != "deny"
+        and c.runnable_seq is not None
+        and state.listed(c)
+        for c in state.unanswered
     )
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from harness.context import context_events, messages_from_events
-from harness.fold import ToolCall
+from harness.fold import RELISTED, ToolCall, result_key
 from harness.mcp import Interrupted, McpFailure, call_tool, mcp_tool_result, mcp_tool_use, model_tools
 from harness.model import Cancelled, ModelError, stream_response
 from harness.tools import SAFE_TO_REPEAT, McpTarget, Tool, input_problem
@@ -17,6 +17,7 @@ from kernel.errors import DomainError
 from kernel.ids import new_id
 from sandboxes.hands import execute, held, sandbox_provision, sandbox_terminate, sandbox_transfer
 from sandboxes.providers import SandboxError
+from sandboxes.work import work_ensure
 from sessions import events
 from sessions.broadcast import publish_preview
 
@@ -30,8 +31,9 @@ def _running(brain: Brain) -> None:
 
 
 def _ensure_hand(brain: Brain) -> None:
-    """Coupled ("eager") mode: the session's sandbox, with its repositories, exists before a model call."""
-    if brain.provisioning == "eager" and not held(brain.session_id):
+    """Coupled ("eager") mode: the session's sandbox, with its repositories, exists before a model call. A
+    self-hosted session has none: its worker's machine is its hands."""
+    if brain.provisioning == "eager" and not brain.self_hosted and not held(brain.session_id):
         _running(brain)
         # A failure is recorded as sandbox.failed; the turn goes on and a tool call will say so.
         with contextlib.suppress(SandboxError):
@@ -169,19 +171,7 @@ class CallModel:
                     )
                 )
             else:
-                permission = tool.permission if tool else "allow"
-                items.append(
-                    (
-                        {
-                            "type": "agent.tool_use",
-                            "name": block["name"],
-                            "input": block["input"],
-                            "evaluated_permission": permission,
-                            "evaluation": {"type": "always_ask" if permission == "ask" else "always_allow"},
-                        },
-                        f"{start.uid}:tool:{i}",
-                    )
-                )
+                items.append((_tool_use(brain, block, tool), f"{start.uid}:tool:{i}"))
         items.append(
             (
                 events.model_request_end(start.uid, stop_reason=response.stop_reason, usage=response.usage),
@@ -189,6 +179,26 @@ class CallModel:
             )
         )
         brain.emit_many(items)
+
+
+def _tool_use(brain: Brain, block: dict[str, Any], tool: Tool | None) -> dict[str, Any]:
+    """The `agent.tool_use` of a toolset (or unknown) call, with the permission its policy gives it.
+
+    In a self-hosted session the worker runs every call the log shows as allowed (or confirmed), so one the
+    platform answers itself (a tool the agent has not, an input the tool's schema refuses) is recorded as
+    refused before any policy applied: `evaluated_permission` deny without an `evaluation`, which the SDK's
+    runner never runs."""
+    use = {"type": "agent.tool_use", "name": block["name"], "input": block["input"]}
+    if brain.self_hosted and (
+        tool is None or input_problem(tool.definition["input_schema"], block["input"]) is not None
+    ):
+        return {**use, "evaluated_permission": "deny"}
+    permission = tool.permission if tool else "allow"
+    return {
+        **use,
+        "evaluated_permission": permission,
+        "evaluation": {"type": "always_ask" if permission == "ask" else "always_allow"},
+    }
 
 
 @dataclass
@@ -211,6 +221,9 @@ class RunTool:
         if self.tool.kind == "hands":
             text, is_error = run_hand_tool(brain, name, value)
             return _finish(brain, self.call, text, is_error)
+        if self.tool.kind == "worker":
+            # The harness waits for the worker's result (a refused input was answered above); never run here.
+            return _finish(brain, self.call, f"{name} runs on the environment's worker, not here.", True)
         brain.begin_cancellable()
         text, is_error = execute(brain.session_id, name, value, emit=brain.emit, cancelled=brain.cancelled)
         if brain.interrupted.is_set():
@@ -234,7 +247,7 @@ def run_mcp_tool(brain: Brain, call: ToolCall, target: McpTarget, value: dict[st
     except McpFailure as failure:
         brain.emit(failure.event())
         content, is_error = events.text_content(f"The MCP tool call failed: {failure.message}"), True
-    brain.emit(mcp_tool_result(call.id, content, is_error=is_error), key=f"{call.id}:result")
+    brain.emit(mcp_tool_result(call.id, content, is_error=is_error), key=result_key(call.id))
 
 
 def run_hand_tool(brain: Brain, name: str, value: dict[str, Any]) -> tuple[str, bool]:
@@ -279,7 +292,7 @@ def _finish(brain: Brain, call: ToolCall, text: str, is_error: bool) -> None:
         event = mcp_tool_result(call.id, events.text_content(text), is_error=is_error)
     else:
         event = events.tool_result(call.id, text, is_error=is_error)
-    brain.emit(event, key=f"{call.id}:result")
+    brain.emit(event, key=result_key(call.id))
 
 
 def _close_request(brain: Brain, start: Any) -> None:
@@ -316,12 +329,30 @@ class CloseOrphanRequest:
 
 @dataclass
 class AwaitAction:
+    """Idle until the client answers the calls (or confirms them), or the worker runs them.
+
+    `on_worker`: some are a self-hosted worker's to run, so the session's work item is made sure of first (a
+    worker is asked for only when a call needs one; one whose runner exited left no live item). `relisted`:
+    calls a worker that left may have run, safe to run again, which wait for the next worker."""
+
     event_ids: list[str]
+    on_worker: bool = False
+    relisted: list[ToolCall] = field(default_factory=list)
 
     def run(self, brain: Brain) -> None:
-        brain.emit(
-            events.status_idle("requires_action", event_ids=self.event_ids, through_seq=brain.state.last_seq)
+        if self.on_worker:
+            work_ensure(brain.session_id)
+        notes: list[tuple[dict[str, Any], str | None]] = [
+            (
+                events.brain_recovered(tool_use_id=call.id, tool=call.use.payload["name"], action=RELISTED),
+                None,
+            )
+            for call in self.relisted
+        ]
+        idle = events.status_idle(
+            "requires_action", event_ids=self.event_ids, through_seq=brain.state.last_seq
         )
+        brain.emit_many([*notes, (idle, None)])
 
 
 @dataclass
@@ -331,20 +362,39 @@ class EndTurn:
 
     def run(self, brain: Brain) -> None:
         for call in self.close:
-            _finish(brain, call, "Interrupted by the user before this call ran.", True)
+            _finish(brain, call, _interrupted(brain, call), True)
         brain.emit(events.session_usage(brain.state.usage))
         brain.emit(events.status_idle(self.reason, through_seq=brain.state.last_seq))
 
 
+def _interrupted(brain: Brain, call: ToolCall) -> str:
+    """What the model is told of a call an interrupt cut. A self-hosted worker may have begun one it could
+    run; seeing this result, the SDK's runner stops it."""
+    if brain.self_hosted and call.use.type == "agent.tool_use" and call.runnable_seq is not None:
+        return "Interrupted by the user. The worker may have begun this call, and stops it; its effect is unverified."
+    return "Interrupted by the user before this call ran."
+
+
 @dataclass
 class Recover:
-    """A call a dead brain may have started: re-run it if that is safe, else say its effect is unverified."""
+    """A call a dead brain (or a gone worker) may have started: re-run it if that is safe, else say its effect
+    is unverified. `workers`: that many self-hosted workers in a row left it unanswered; it is given up, and
+    the session told."""
 
     call: ToolCall
     tool: Tool | None
+    workers: int = 0
 
     def run(self, brain: Brain) -> None:
         name = self.call.use.payload["name"]
+        if self.workers:
+            message = (
+                f"{self.workers} workers in a row took this session's {name} call and left without answering it; "
+                "it is closed as failed (see the workers' logs)."
+            )
+            brain.emit(events.session_error("unknown_error", message, retry="exhausted"))
+            brain.emit(events.brain_recovered(tool_use_id=self.call.id, tool=name, action="closed"))
+            return CloseCall(self.call, f"{message} Its effect is unverified.").run(brain)
         # An MCP tool is never re-run: its server's effects are not the toolbox's, whatever its name.
         repeat = name in SAFE_TO_REPEAT and self.call.use.type == "agent.tool_use"
         brain.emit(

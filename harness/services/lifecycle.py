@@ -10,16 +10,22 @@ from django.utils import timezone
 
 from harness.agent_config import normalise_agent_config
 from harness.agents import get_agent_version
-from harness.brain import has_pending_work
+from harness.brain import Outcome, has_pending_work, settle
+from harness.fold import fold, result_key
+from harness.harnesses import pending
+from harness.harnesses.base import waits_for_worker
 from harness.registry import validate_harness_name
 from harness.services.resources import new_resources, seal_tokens
 from harness.tasks import queue_wake
 from kernel.api.validation import check_metadata, expect, no_unknown_fields, patch_metadata, text
 from kernel.errors import Closed, Invalid
+from kernel.ids import new_id
 from sandboxes.environments import get_environment
+from sandboxes.work import work_ensure, work_stop_for_session
 from sessions import events
 from sessions.event_types import validate_sendable
 from sessions.models import Event, Session
+from sessions.selectors import get_events
 from sessions.services.log import SessionClosed, SessionNotFound, emit_event, emit_events
 from vault.repositories import repository_tokens_delete
 from vault.services import usable_vault_ids
@@ -36,10 +42,12 @@ WAKING_TYPES = frozenset(
     }
 )
 RUNNING_TYPES = WAKING_TYPES - {"user.interrupt"}
-# What each reference field of a sent event must point at in the same session.
+# What each sent event refers to, by which field, and what that must be in the same session.
 REFERENCES = {
-    "tool_use_id": ("agent.tool_use", "agent.mcp_tool_use"),
-    "custom_tool_use_id": ("agent.custom_tool_use",),
+    "user.tool_confirmation": ("tool_use_id", ("agent.tool_use", "agent.mcp_tool_use")),
+    # The worker's answer to a toolset call (an MCP call is answered by the platform, which runs it).
+    "user.tool_result": ("tool_use_id", ("agent.tool_use",)),
+    "user.custom_tool_result": ("custom_tool_use_id", ("agent.custom_tool_use",)),
 }
 SNAPSHOT_FIELDS = (
     "name",
@@ -100,15 +108,55 @@ def _budget(value: Any) -> dict[str, Any] | None:
 
 
 def _check_references(session_id: str, events: list[dict[str, Any]]) -> None:
+    answered: set[str] = set()
     for i, event in enumerate(events):
-        for key, types in REFERENCES.items():
-            if key not in event:
-                continue
-            if not Event.objects.filter(session_id=session_id, uid=event[key], type__in=types).exists():
-                raise Invalid(
-                    f"'events[{i}].{key}' is {event[key]!r}, which is not the id of an "
-                    f"{' or '.join(types)} event in session {session_id}."
-                )
+        if event["type"] not in REFERENCES:
+            continue
+        key, types = REFERENCES[event["type"]]
+        use = Event.objects.filter(session_id=session_id, uid=event[key], type__in=types).first()
+        if use is None:
+            raise Invalid(
+                f"'events[{i}].{key}' is {event[key]!r}, which is not the id of an "
+                f"{' or '.join(types)} event in session {session_id}."
+            )
+        if event["type"] == "user.tool_result":
+            _check_result_wanted(session_id, use, f"events[{i}].{key}", answered)
+            answered.add(use.uid)
+
+
+def _check_result_wanted(session_id: str, use: Event, where: str, answered: set[str]) -> None:
+    """A call takes one result, and only once it may run: not before its confirmation, nor after a refusal."""
+    if use.uid in answered:
+        raise Invalid(f"'{where}': these events answer tool call {use.uid} twice; a call takes one result.")
+    result = Event.objects.filter(session_id=session_id, idempotency_key=result_key(use.uid)).first()
+    if result is not None:
+        raise Invalid(
+            f"'{where}': tool call {use.uid} already has a result ({result.type} {result.uid}); a call takes "
+            "one result."
+        )
+    permission = use.payload.get("evaluated_permission")
+    if permission == "deny":
+        raise Invalid(
+            f"'{where}': tool call {use.uid} was refused when it was made; the platform answers it."
+        )
+    if permission == "ask":
+        confirmation = (
+            Event.objects.filter(
+                session_id=session_id,
+                seq__gt=use.seq,
+                type="user.tool_confirmation",
+                payload__tool_use_id=use.uid,
+            )
+            .order_by("seq")
+            .last()
+        )
+        if confirmation is None:
+            raise Invalid(
+                f"'{where}': tool call {use.uid} waits for a user.tool_confirmation; it may run, and be "
+                "answered, only once it is allowed."
+            )
+        if confirmation.payload.get("result") != "allow":
+            raise Invalid(f"'{where}': tool call {use.uid} was denied; it is not to run, and has its answer.")
 
 
 def _wake(session_id: str) -> None:
@@ -128,15 +176,32 @@ def queue_wake_if_pending(session_id: str) -> None:
 
 def _append_user_events(session_id: str, events: list[dict[str, Any]], *, open_only: bool) -> list[Event]:
     """A user's events in one append, which sets the session running when they give its brain work and
-    queues its wake once they are committed."""
+    queues its wake once they are committed.
+
+    A tool result is written with the key every result of that call is written with (`result_key`), so of a
+    worker's result and the platform's (an interrupt's, a recovery's) that race, one is appended: the append
+    that finds the key taken writes nothing, and is refused here."""
     kinds = {event["type"] for event in events}
-    return emit_events(
+    items: list[tuple[dict[str, Any], str | None]] = [
+        ({**event, "id": new_id("sevt")}, result_key(event["tool_use_id"]))
+        if event["type"] == "user.tool_result"
+        else (event, None)
+        for event in events
+    ]
+    written = emit_events(
         session_id,
-        [(event, None) for event in events],
+        items,
         status=Session.Status.RUNNING if kinds & RUNNING_TYPES else None,
         open_only=open_only,
         then=partial(_wake, session_id) if kinds & WAKING_TYPES else None,
     )
+    ids = [event.get("id") for event, key in items if key is not None]
+    if ids and not set(ids) <= {event.uid for event in written}:
+        calls = ", ".join(event["tool_use_id"] for event, key in items if key is not None)
+        raise Invalid(
+            f"Tool call {calls} got its result meanwhile; a call takes one result. Nothing was added."
+        )
+    return written
 
 
 def _check_open(session_id: str) -> None:
@@ -159,7 +224,7 @@ def session_send_events(session_id: str, *, events: list[dict[str, Any]]) -> lis
     if not events:
         raise Invalid("'events' must hold at least one event.")
     events = [validate_sendable(event, f"events[{i}]") for i, event in enumerate(events)]
-    if any(key in event for event in events for key in REFERENCES):
+    if any(event["type"] in REFERENCES for event in events):
         # A missing or closed session is what to report, not a reference it cannot hold.
         _check_open(session_id)
         _check_references(session_id, events)
@@ -274,6 +339,7 @@ def session_archive(session_id: str) -> Session:
             if session.status != Session.Status.TERMINATED:
                 emit_event(session.id, events.status_terminated())
             Session.objects.filter(id=session.id).update(archived_at=timezone.now())
+            transaction.on_commit(partial(work_stop_for_session, session.id))
         session.refresh_from_db()
     return session
 
@@ -290,7 +356,30 @@ def session_delete(session_id: str, *, actor: str = "api") -> dict[str, str]:
         emit_event(session.id, events.session_deleted())
         Session.objects.filter(id=session.id).update(deleted_at=timezone.now())
         repository_tokens_delete(session.id, actor=actor)
+        transaction.on_commit(partial(work_stop_for_session, session.id))
     return {"id": session_id, "type": "session_deleted"}
+
+
+def session_worker_gone(session_id: str, work_id: str) -> None:
+    """A self-hosted worker left the session: its work item was lost (back in the queue) or stopped.
+
+    What it left follows the recovery rule, taken at once (`settle`), before another worker reads the log: a
+    call it may have begun is closed as unverified unless it is safe to run again; the safe ones wait for the
+    next worker. Whenever calls still wait for a worker, the session has a live work item (a new one if this
+    one stopped), so it never waits in requires_action with nobody to answer; a model call left to make
+    wakes a brain. Called by the work queue after its commit (`add_work_lost_hook`, `add_work_stopped_hook`)."""
+    if not Session.objects.open().filter(id=session_id).exists():
+        return
+    state = fold(get_events(session_id))
+    if pending(state):
+        if settle(session_id, by="worker gone") is Outcome.BUSY:
+            _wake(session_id)  # the brain holding the lease may be past its last look at the log
+        state = fold(get_events(session_id))
+    if waits_for_worker(state):
+        work_ensure(session_id)
+    if pending(state):
+        Session.objects.filter(id=session_id).update(status=Session.Status.RUNNING)
+        _wake(session_id)
 
 
 __all__ = [
@@ -300,4 +389,5 @@ __all__ = [
     "session_delete",
     "session_send_events",
     "session_update",
+    "session_worker_gone",
 ]

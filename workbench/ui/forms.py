@@ -238,6 +238,10 @@ class ApiKeyForm(forms.Form):
     name = forms.CharField(max_length=200, label="What is it for?")
 
 
+class EnvironmentKeyForm(forms.Form):
+    name = forms.CharField(max_length=200, label="Which worker or machine is it for?")
+
+
 class VaultForm(forms.Form):
     display_name = forms.CharField(label="Name", max_length=255)
 

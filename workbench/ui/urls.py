@@ -1,6 +1,6 @@
 from django.urls import path
 
-from workbench.ui.views import account, catalog, hands, keys, sessions, timeline, vaults
+from workbench.ui.views import account, catalog, hands, keys, sessions, timeline, vaults, work
 
 app_name = "ui"
 
@@ -42,6 +42,16 @@ urlpatterns = [
         "environments/<str:environment_id>/archive",
         catalog.environment_archive_view,
         name="environment-archive",
+    ),
+    path(
+        "environments/<str:environment_id>/keys/new",
+        work.environment_key_create_view,
+        name="environment-key-create",
+    ),
+    path(
+        "environments/<str:environment_id>/keys/<str:key_id>/revoke",
+        work.environment_key_revoke_view,
+        name="environment-key-revoke",
     ),
     path("vaults/", vaults.vault_list, name="vaults"),
     path("vaults/<str:vault_id>/", vaults.vault_detail, name="vault"),

@@ -1,6 +1,9 @@
-"""Agents and environments: list, create, edit (an agent's edit is a new version), archive."""
+"""Agents and environments: list, create, edit (an agent's edit is a new version), archive; a self-hosted
+environment's page also shows its work queue and keys (views/work.py)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
@@ -20,6 +23,7 @@ from sandboxes.environments import (
 from sandboxes.models import Environment
 from workbench.ui.forms import AgentForm, EnvironmentForm
 from workbench.ui.http import operator_required, redirect_to
+from workbench.ui.views.work import is_self_hosted, queue_rows, self_hosted_context
 
 
 @operator_required
@@ -93,7 +97,9 @@ def environment_list(request: HttpRequest) -> HttpResponse:
     if not show_archived:
         environments = environments.filter(archived_at__isnull=True)
     return render(
-        request, "ui/environments/list.html", {"environments": environments, "show_archived": show_archived}
+        request,
+        "ui/environments/list.html",
+        {"rows": queue_rows(environments), "show_archived": show_archived},
     )
 
 
@@ -137,8 +143,16 @@ def _environment_form(
     request: HttpRequest, form: EnvironmentForm, *, environment: Environment | None
 ) -> HttpResponse:
     status = 400 if form.is_bound and form.errors else 200
-    template = "ui/environments/_form.html" if request.method == "POST" else "ui/environments/form.html"
-    return render(request, template, {"form": form, "environment": environment}, status=status)
+    if request.method == "POST":
+        return render(
+            request, "ui/environments/_form.html", {"form": form, "environment": environment}, status=status
+        )
+    context: dict[str, Any] = {"form": form, "environment": environment}
+    if environment is not None and is_self_hosted(environment):
+        context.update(
+            self_hosted_context(request, environment, page=request.GET.get("page", "")), self_hosted=True
+        )
+    return render(request, "ui/environments/form.html", context, status=status)
 
 
 @require_POST

@@ -15,7 +15,7 @@ from harness.fold import fold, result_key
 from harness.harnesses import pending
 from harness.harnesses.base import waits_for_worker
 from harness.registry import validate_harness_name
-from harness.services.resources import new_resources, seal_tokens
+from harness.services.resources import check_for_environment, new_resources, seal_tokens
 from harness.tasks import queue_wake
 from kernel.api.validation import check_metadata, expect, no_unknown_fields, patch_metadata, text
 from kernel.errors import Closed, Invalid
@@ -262,6 +262,7 @@ def session_create(
         if event["type"] not in ("user.message", "user.define_outcome"):
             raise Invalid(f"'initial_events[{i}].type' must be user.message or user.define_outcome.")
     stored, tokens = new_resources(resources or [])
+    check_for_environment(stored, environment.config or {})
     with transaction.atomic():
         session = Session.objects.create(
             agent_id=agent_id,

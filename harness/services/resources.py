@@ -172,6 +172,29 @@ def session_resource_delete(session_id: str, resource_id: str, *, actor: str) ->
     return {"id": resource_id, "type": "session_resource_deleted"}
 
 
+def check_for_environment(resources: list[dict[str, Any]], environment_config: dict[str, Any]) -> None:
+    """A self-hosted environment's sessions take no resource its worker cannot have: the platform clones no
+    repository and copies no file onto a machine it does not run (as the hosted service refuses both), and
+    this installation has no memory stores, whose download the SDK's worker would fail on."""
+    if environment_config.get("type") != "self_hosted":
+        return
+    for i, resource in enumerate(resources):
+        kind = resource.get("type")
+        if kind in ("github_repository", "file"):
+            raise Invalid(
+                f"'resources[{i}]': a session in a self-hosted environment takes no {kind} resources: its "
+                "hands are a worker's machine, which the platform does not provision. Put the "
+                f"{'repository' if kind == 'github_repository' else 'file'} on the worker's machine instead.",
+                code="resource_not_supported",
+            )
+        if kind == "memory_store":
+            raise Invalid(
+                f"'resources[{i}]': no memory store {resource.get('memory_store_id')!r}: this installation has "
+                "no memory stores yet, and a self-hosted worker would fail downloading it.",
+                code="resource_not_supported",
+            )
+
+
 @transaction.atomic
 def session_resource_add(
     session_id: str, *, type: str, file_id: str, mount_path: str | None = None
@@ -183,12 +206,14 @@ def session_resource_add(
         raise Invalid("'file_id' must not be empty.")
     session = _session(session_id, lock=True)
     item = _file(file_id, mount_path, timezone.now().isoformat())
+    check_for_environment([item], session.environment.config or {})
     session.resources = [*session.resources, item]
     session.save(update_fields=["resources", "updated_at"])
     return item
 
 
 __all__ = [
+    "check_for_environment",
     "new_resources",
     "seal_tokens",
     "session_resource_add",

@@ -52,6 +52,8 @@ POLLERS_WINDOW = timedelta(seconds=30)
 # A worker's last poll is written at most this often (every poll of every worker would be a write).
 _POLLER_RESOLUTION = timedelta(seconds=5)
 SELF_HOSTED_PROVIDER = "self_hosted"
+RECOVERING = "(recovering)"  # polled_by of an item held back while its lost worker's calls are settled
+RECOVERY_HOLD = timedelta(seconds=10)  # the longest it is held, should the process settling them die
 
 State = WorkItem.State
 LostHook = Callable[[str, str], None]
@@ -274,6 +276,7 @@ def _hand_out(environment_id: str, worker_id: str, reclaim_older_than_ms: int) -
                 WorkItem.objects.in_queue()
                 .filter(environment_id=environment_id)
                 .filter(Q(polled_at__isnull=True) | Q(polled_at__lt=reclaim_before))
+                .exclude(polled_by=RECOVERING, polled_at__gte=now - RECOVERY_HOLD)
                 .order_by("queued_at", "id")
             )
             if connection.vendor == "postgresql":
@@ -496,8 +499,7 @@ def work_sweep(*, environment_id: str | None = None) -> list[str]:
                 )
             else:
                 _requeue(item, now)
-                if item.session_id:
-                    transaction.on_commit(partial(_run_hooks, _lost_hooks, item.session_id, item.id))
+                transaction.on_commit(partial(_recovered, item.session_id, item.id, item.environment_id))
         swept.append(work_id)
     return swept
 
@@ -523,8 +525,11 @@ def _requeue(item: WorkItem, now: datetime) -> None:
     WorkItem.objects.filter(id=item.id).update(
         state=State.QUEUED,
         queued_at=now,
-        polled_at=None,
-        polled_by="",
+        # Held back from polls until the work-lost hooks have settled the calls the lost worker left
+        # (`_recovered`), so no worker reads them first and runs one that is to be closed as unverified; if
+        # this process dies before, the hold ends after RECOVERY_HOLD.
+        polled_at=now,
+        polled_by=RECOVERING,
         acknowledged_at=None,
         started_at=None,
         latest_heartbeat="",
@@ -537,7 +542,16 @@ def _requeue(item: WorkItem, now: datetime) -> None:
         retired_token_hashes=retired,
         lost_count=item.lost_count + 1,
     )
-    wake_pollers(item.environment_id)
+
+
+def _recovered(session_id: str | None, work_id: str, environment_id: str) -> None:
+    """After the commit that requeued `work_id`: the work-lost hooks, then the item released to polls."""
+    if session_id:
+        _run_hooks(_lost_hooks, session_id, work_id)
+    WorkItem.objects.filter(id=work_id, state=State.QUEUED, polled_by=RECOVERING).update(
+        polled_at=None, polled_by=""
+    )
+    wake_pollers(environment_id)
 
 
 # -- the session's hands panel: which worker holds its hands, since when

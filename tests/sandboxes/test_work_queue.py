@@ -730,3 +730,29 @@ def test_the_reaper_ends_a_finished_sessions_worker_hand_without_a_provider(work
     reaped = reap_idle()
     hand = Sandbox.objects.get(session_id=session, provider="self_hosted")
     assert hand.id in reaped and hand.status == "terminated"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_requeued_item_is_held_from_polls_until_its_lost_workers_calls_are_settled(
+    worker, env_id, session, settings
+):
+    """No worker may read a lost worker's session before the harness has closed what it left."""
+    settings.WORK_START_TIMEOUT_SECONDS = 0
+    work_ensure(session)
+    first = poll(worker, env_id)
+    worker.post(f"/v1/environments/{env_id}/work/{first['id']}/ack")
+    seen_during_the_hook: list[Any] = []
+
+    def settle(session_id: str, work_id: str) -> None:
+        try:
+            seen_during_the_hook.append(work_poll(env_id, worker_id="worker-c", reclaim_older_than_ms=0))
+        except Exception as error:  # noqa: BLE001 - shown by the assertion below
+            seen_during_the_hook.append(error)
+
+    add_work_lost_hook(settle)
+    try:
+        again = poll(worker, env_id, worker_id="worker-b")
+    finally:
+        _lost_hooks.remove(settle)
+    assert seen_during_the_hook == [None], "held while the hook ran"
+    assert again is not None and again["id"] == first["id"], "released after it"

@@ -74,6 +74,15 @@ def _check_name(name: str) -> None:
         raise Invalid(f"A sandbox name must not hold control characters (such as newlines): {name!r}.")
 
 
+def _refuse_self_hosted(session: Session) -> None:
+    """A self-hosted environment's hands are its workers' machines: the platform provisions none there."""
+    if (session.environment.config or {}).get("type") == "self_hosted":
+        raise Invalid(
+            f"Session {session.id} is in a self-hosted environment, whose hands are its workers' machines: "
+            "no platform sandbox is provisioned or attached for it. Start a worker for the environment instead."
+        )
+
+
 def _check_room(session: Session, name: str | None) -> None:
     """`name` (when given) must be free, and the session under its environment's cap of live hands."""
     names = list(
@@ -107,6 +116,7 @@ def sandbox_provision(session_id: str, *, name: str = DEFAULT_HAND, emit: Emit |
             .select_related("environment")
             .get(id=session_id)
         )
+        _refuse_self_hosted(session)
         _check_room(session, name)
         sandbox = _new_sandbox(session.environment, session=session, name=name)
     if sandbox.status == Sandbox.Status.PROVISIONING:
@@ -220,6 +230,7 @@ def _receiver(session_id: str) -> Session:
         raise NotFound("session", session_id)
     if session.status == Session.Status.TERMINATED:
         raise Invalid(f"Session {session_id} is terminated; it cannot take a sandbox.")
+    _refuse_self_hosted(session)
     _check_room(session, None)
     return session
 

@@ -756,3 +756,10 @@ def test_a_requeued_item_is_held_from_polls_until_its_lost_workers_calls_are_set
         _lost_hooks.remove(settle)
     assert seen_during_the_hook == [None], "held while the hook ran"
     assert again is not None and again["id"] == first["id"], "released after it"
+
+
+def test_no_platform_sandbox_is_provisioned_or_attached_for_a_self_hosted_session(operator, session):
+    refused = operator.post(f"/v1/sessions/{session}/sandboxes", {"name": "main"})
+    assert refused.status_code == 400, refused.content
+    assert "hands are its workers' machines" in refused.json()["error"]["message"]
+    assert not Sandbox.objects.filter(session_id=session).exists()

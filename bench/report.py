@@ -3,8 +3,8 @@
 Usage: .venv/bin/python bench/report.py [--quick]
 
 Each benchmark gets a section: its targets beside the measured figures, how it was run, the machine it ran on
-and its plot. Benchmarks this file knows (log, harness, sandboxes, ui, ttft, api, egress) are rendered from
-their own structure; any other `bench/results/<name>.json` is rendered from its lists of rows. A full run's
+and its plot. Benchmarks this file knows (log, harness, sandboxes, work_queue, ui, ttft, api, egress) are
+rendered from their own structure; any other `bench/results/<name>.json` is rendered from its lists of rows. A full run's
 results are used when present, a `--quick` run's otherwise (and first with --quick); a section says which.
 
 The same renderers print a benchmark's figures when it ends (`render`, through bench/common/results.py), so
@@ -31,6 +31,10 @@ TITLES = {
     "ui": "The browser UI: opening a long session, live appends in many pages (bench/ui.py)",
     "ttft": "Time to first token: coupled vs decoupled sandboxes (bench/ttft.py)",
     "api": "The /v1 request path through the official SDK, side by side by code version (bench/api.py)",
+    "work_queue": (
+        "The self-hosted work queue: poll-to-ack, a bash tool round trip through the SDK's worker vs Docker "
+        "(bench/work_queue.py)"
+    ),
     "egress": (
         "The egress proxy: the latency it adds to a sandbox's HTTPS request and an MCP call (bench/egress.py)"
     ),
@@ -478,6 +482,49 @@ def render_api(data: dict[str, Any]) -> tuple[list[str], int, int]:
     return intro + md_table(header, rows), 0, 0
 
 
+def render_work_queue(data: dict[str, Any]) -> tuple[list[str], int, int]:
+    """Poll-to-ack by case with its parts, then the tool round trip and the turn both ways; no targets."""
+    plan = data["plan"]
+    out = [
+        f"{plan['waiting']} items queued while a poll waits and {plan['random']} at random moments; "
+        f"{plan['turns']} timed turns per side (after {plan['warmup']} untimed), the sides taking turns.",
+        "",
+    ]
+    for paragraph in data.get("method", []):
+        out += [paragraph, ""]
+    parts = (
+        ("total", "work_ensure → ack answered"),
+        ("ensure", "↳ work_ensure (commit, wake-up)"),
+        ("to_poll", "↳ then → poll answered"),
+        ("to_ack", "↳ then → ack answered"),
+    )
+    rows = [
+        [
+            f"queued {r['case']}: {label}" if key == "total" else label,
+            r["n"],
+            num(r[key]["p50_ms"]),
+            num(r[key]["p95_ms"]),
+            num(r[key]["max_ms"]),
+        ]
+        for r in data["poll"]
+        for key, label in parts
+    ]
+    out += md_table(["poll-to-ack (SDK poller, block_ms=999)", "n", "p50 ms", "p95 ms", "max ms"], rows)
+    rows = [
+        [
+            r["measurement"],
+            r["n"],
+            f"{num(r['worker']['p50_ms'])} / {num(r['worker']['p95_ms'])}",
+            f"{num(r['docker']['p50_ms'])} / {num(r['docker']['p95_ms'])}",
+            f"{r['ratio_p50']:.2f}x" if r.get("ratio_p50") is not None else None,
+        ]
+        for r in data["turns"]
+    ]
+    header = ["/bash echo hi", "n per side", "SDK worker p50 / p95 ms", "Docker provider p50 / p95 ms"]
+    out += md_table([*header, "worker / Docker (p50)"], rows)
+    return out, 0, 0
+
+
 def render_egress(data: dict[str, Any]) -> tuple[list[str], int, int]:
     """Each call through the proxy beside the same call made directly; the target is on the added p50."""
     plan = data["plan"]
@@ -565,6 +612,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], tuple[list[str], int, int]]] = {
     "ttft": render_ttft,
     "api": render_api,
     "egress": render_egress,
+    "work_queue": render_work_queue,
 }
 
 
@@ -657,7 +705,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def anchor(title: str) -> str:
-    kept = "".join(c for c in title.lower() if c.isalnum() or c in " -")
+    kept = "".join(c for c in title.lower() if c.isalnum() or c in " -_")
     return kept.replace(" ", "-")
 
 

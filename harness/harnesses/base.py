@@ -155,7 +155,26 @@ def pending(state: SessionState) -> bool:
         or state.pending_interrupt
         or state.open_request
         or runnable
-        or (state.last_response_end is not None and not _idle_after_response(state))
+        or (
+            state.last_response_end is not None
+            and not _idle_after_response(state)
+            and not _waits_on_its_listed_calls(state)
+        )
+    )
+
+
+def _waits_on_its_listed_calls(state: SessionState) -> bool:
+    """Whether the session is idle waiting for others (the client, the user's confirmation, a worker) to
+    answer calls its last idle lists: no brain has anything to do until one of them does. (Without this, a
+    releasing brain read such a session as pending and went round until its rounds ran out, and an answer
+    arriving meanwhile found the lease busy and was left for the sweeper.)"""
+    idle = state.last_idle
+    unanswered = state.unanswered
+    return (
+        idle is not None
+        and idle.payload.get("stop_reason", {}).get("type") == "requires_action"
+        and bool(unanswered)
+        and all(state.listed(call) for call in unanswered)
     )
 
 

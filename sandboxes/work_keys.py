@@ -35,7 +35,8 @@ _QUEUE_ROUTES = re.compile(r"^(GET (poll|stats|)|POST [^/]+/(ack|heartbeat|stop)
 # -- environment keys
 
 
-def _self_hosted(environment_id: str) -> Environment:
+def self_hosted_environment(environment_id: str) -> Environment:
+    """The live self-hosted environment (a 404 for none, a 400 for a cloud one): what has a queue and keys."""
     environment = Environment.objects.live().filter(id=environment_id).first()
     if environment is None:
         raise NotFound("environment", environment_id)
@@ -50,7 +51,7 @@ def _self_hosted(environment_id: str) -> Environment:
 
 def environment_key_create(environment_id: str, *, name: str = "") -> tuple[EnvironmentKey, str]:
     """A new key for the self-hosted environment, and the key itself: it is not stored, so show it now."""
-    environment = _self_hosted(environment_id)
+    environment = self_hosted_environment(environment_id)
     if environment.archived_at is not None:
         raise Invalid(
             f"Environment {environment_id} is archived; it takes no new keys.", code="environment_archived"
@@ -74,7 +75,7 @@ def environment_key_revoke(environment_id: str, key_id: str) -> EnvironmentKey:
 
 
 def environment_keys(environment_id: str) -> list[EnvironmentKey]:
-    _self_hosted(environment_id)
+    self_hosted_environment(environment_id)
     return list(EnvironmentKey.objects.filter(environment_id=environment_id).order_by("created_at", "id"))
 
 

@@ -36,8 +36,8 @@ from django.utils import timezone
 from kernel.api.validation import check_metadata, patch_metadata
 from kernel.errors import Conflict, DomainError, Invalid, NotFound
 from kernel.models import hash_key
-from sandboxes.models import Environment, Sandbox, WorkItem, WorkPoller
-from sandboxes.work_keys import new_sessions_token
+from sandboxes.models import Sandbox, WorkItem, WorkPoller
+from sandboxes.work_keys import new_sessions_token, self_hosted_environment
 from sandboxes.work_wake import listening, wake_pollers
 from sessions import events
 from sessions.models import Session
@@ -155,7 +155,7 @@ def work_live(session_id: str) -> WorkItem | None:
 def work_stats(environment_id: str) -> dict[str, Any]:
     """The queue's numbers (BetaSelfHostedWorkQueueStats): waiting, handed out and not acked, the oldest
     waiting, and the workers (Anthropic-Worker-IDs) seen polling in the last 30 seconds."""
-    _environment(environment_id)
+    self_hosted_environment(environment_id)
     now = timezone.now()
     waiting = WorkItem.objects.in_queue().filter(environment_id=environment_id)
     pending = waiting.filter(polled_at__isnull=False).count()
@@ -170,19 +170,6 @@ def work_stats(environment_id: str) -> dict[str, Any]:
         "oldest_queued_at": _iso(oldest),
         "workers_polling": polling,
     }
-
-
-def _environment(environment_id: str) -> Environment:
-    environment = Environment.objects.live().filter(id=environment_id).first()
-    if environment is None:
-        raise NotFound("environment", environment_id)
-    if environment.config.get("type") != "self_hosted":
-        raise Invalid(
-            f"Environment {environment_id} is not self-hosted (its config type is "
-            f"{environment.config.get('type')!r}); only a self_hosted environment has a work queue.",
-            code="environment_not_self_hosted",
-        )
-    return environment
 
 
 # -- the harness's side
@@ -217,7 +204,7 @@ def work_ensure(session_id: str) -> str:
 
 def work_enqueue_healthcheck(environment_id: str) -> str:
     """A healthcheck item: the SDK's worker takes it and force-stops it without running anything."""
-    environment = _environment(environment_id)
+    environment = self_hosted_environment(environment_id)
     with transaction.atomic():
         item = WorkItem.objects.create(environment=environment, kind=WorkItem.Kind.HEALTHCHECK)
         wake_pollers(environment_id)
@@ -306,7 +293,7 @@ def work_poll(
 ) -> HandOut | None:
     """A work item for the worker, with its secret; None if none arrives within `block_ms` (no wait without
     it). Items of lost workers go back to the queue first."""
-    _environment(environment_id)
+    self_hosted_environment(environment_id)
     if worker_id:
         _record_poller(environment_id, worker_id, timezone.now())
     work_sweep(environment_id=environment_id)

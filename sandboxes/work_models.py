@@ -68,6 +68,9 @@ class WorkItem(models.Model):
     stopped_at = models.DateTimeField(null=True, blank=True)
     # How often a worker was lost with it and it went back to the queue.
     lost_count = models.PositiveIntegerField(default=0)
+    # Set by the commit that stops the item or puts it back in the queue, cleared once the work-lost or
+    # work-stopped hooks have run; a queued item is not handed out while it is set.
+    hooks_due_at = models.DateTimeField(null=True, blank=True, editable=False)
     # The sessions token (sha256) of the current hand-out or claim. Tokens handed out by earlier polls of
     # this same stay in the queue are `offered` (any one of them may still claim it with a first heartbeat);
     # those of claims that ended are `retired`, so their holders are told why they are refused.
@@ -86,7 +89,12 @@ class WorkItem(models.Model):
                 name="work_item_one_live_per_session",
             )
         ]
-        indexes = [models.Index(fields=["environment", "state", "queued_at"], name="work_item_queue")]
+        indexes = [
+            models.Index(fields=["environment", "state", "queued_at"], name="work_item_queue"),
+            models.Index(
+                fields=["hooks_due_at"], name="work_item_hooks_due", condition=models.Q(hooks_due_at__isnull=False)
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.id} ({self.state})"

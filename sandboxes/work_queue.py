@@ -52,8 +52,6 @@ POLLERS_WINDOW = timedelta(seconds=30)
 # A worker's last poll is written at most this often (every poll of every worker would be a write).
 _POLLER_RESOLUTION = timedelta(seconds=5)
 SELF_HOSTED_PROVIDER = "self_hosted"
-RECOVERING = "(recovering)"  # polled_by of an item held back while its lost worker's calls are settled
-RECOVERY_HOLD = timedelta(seconds=10)  # the longest it is held, should the process settling them die
 
 State = WorkItem.State
 LostHook = Callable[[str, str], None]
@@ -84,12 +82,16 @@ def add_work_stopped_hook(hook: LostHook) -> None:
         _stopped_hooks.append(hook)
 
 
-def _run_hooks(hooks: list[LostHook], session_id: str, work_id: str) -> None:
+def _run_hooks(hooks: list[LostHook], session_id: str, work_id: str) -> bool:
+    """Each hook once; False if one failed (it is tried again by a later sweep)."""
+    succeeded = True
     for hook in list(hooks):
         try:
             hook(session_id, work_id)
         except Exception:  # noqa: BLE001 - one layer's hook failing must not keep the others from running
             logger.exception("a work item hook failed for %s (%s)", work_id, session_id)
+            succeeded = False
+    return succeeded
 
 
 # -- reads
@@ -263,7 +265,7 @@ def _hand_out(environment_id: str, worker_id: str, reclaim_older_than_ms: int) -
                 WorkItem.objects.in_queue()
                 .filter(environment_id=environment_id)
                 .filter(Q(polled_at__isnull=True) | Q(polled_at__lt=reclaim_before))
-                .exclude(polled_by=RECOVERING, polled_at__gte=now - RECOVERY_HOLD)
+                .filter(hooks_due_at__isnull=True)
                 .order_by("queued_at", "id")
             )
             if connection.vendor == "postgresql":
@@ -447,10 +449,11 @@ def work_update(environment_id: str, work_id: str, *, metadata: dict[str, Any]) 
 def _stopped(item: WorkItem, now: datetime, *, reason: str) -> None:
     item.state = State.STOPPED
     item.stopped_at = now
-    item.save(update_fields=["state", "stopped_at", "stop_requested_at"])
+    item.hooks_due_at = now if item.session_id else None
+    item.save(update_fields=["state", "stopped_at", "stop_requested_at", "hooks_due_at"])
     _hands_released(item, status=Sandbox.Status.TERMINATED, reason=reason)
     if item.session_id:
-        transaction.on_commit(partial(_run_hooks, _stopped_hooks, item.session_id, item.id))
+        transaction.on_commit(partial(_settle, item.id, now))
 
 
 def _lost_condition(now: datetime) -> Q:
@@ -465,8 +468,8 @@ def _lost_condition(now: datetime) -> Q:
 
 
 def work_sweep(*, environment_id: str | None = None) -> list[str]:
-    """Items whose worker is gone: back to the queue (a stopping one is stopped). Returns their ids. The
-    work-lost hooks run after each commit."""
+    """Items whose worker is gone: back to the queue (a stopping one is stopped). The work-lost hooks run
+    after each commit; the hooks of earlier ends left unrun are run too. Returns the ids of both."""
     found = WorkItem.objects.filter(_lost_condition(timezone.now()))
     if environment_id is not None:
         found = found.filter(environment_id=environment_id)
@@ -486,9 +489,9 @@ def work_sweep(*, environment_id: str | None = None) -> list[str]:
                 )
             else:
                 _requeue(item, now)
-                transaction.on_commit(partial(_recovered, item.session_id, item.id, item.environment_id))
+                transaction.on_commit(partial(_settle, item.id, now))
         swept.append(work_id)
-    return swept
+    return [*swept, *_settle_overdue(environment_id)]
 
 
 def _requeue(item: WorkItem, now: datetime) -> None:
@@ -513,10 +516,10 @@ def _requeue(item: WorkItem, now: datetime) -> None:
         state=State.QUEUED,
         queued_at=now,
         # Held back from polls until the work-lost hooks have settled the calls the lost worker left
-        # (`_recovered`), so no worker reads them first and runs one that is to be closed as unverified; if
-        # this process dies before, the hold ends after RECOVERY_HOLD.
-        polled_at=now,
-        polled_by=RECOVERING,
+        # (`_settle`), so no worker reads them first and runs one that is to be closed as unverified.
+        hooks_due_at=now,
+        polled_at=None,
+        polled_by="",
         acknowledged_at=None,
         started_at=None,
         latest_heartbeat="",
@@ -531,14 +534,42 @@ def _requeue(item: WorkItem, now: datetime) -> None:
     )
 
 
-def _recovered(session_id: str | None, work_id: str, environment_id: str) -> None:
-    """After the commit that requeued `work_id`: the work-lost hooks, then the item released to polls."""
-    if session_id:
-        _run_hooks(_lost_hooks, session_id, work_id)
-    WorkItem.objects.filter(id=work_id, state=State.QUEUED, polled_by=RECOVERING).update(
-        polled_at=None, polled_by=""
-    )
-    wake_pollers(environment_id)
+def _settle(work_id: str, due_at: datetime) -> bool:
+    """After the commit that stopped `work_id` or put it back in the queue: its hooks (work-lost or
+    work-stopped), then the mark cleared, which releases a queued item to polls. False if the mark was not
+    `due_at` any more (another process settles it) or a hook failed (the mark stays, for `_settle_overdue`).
+    The hooks may run twice for one end, should a process die between them and the clearing; they are
+    idempotent."""
+    item = WorkItem.objects.filter(id=work_id, hooks_due_at=due_at).first()
+    if item is None:
+        return False
+    hooks = _stopped_hooks if item.state == State.STOPPED else _lost_hooks
+    if item.session_id and not _run_hooks(hooks, item.session_id, item.id):
+        return False
+    if not WorkItem.objects.filter(id=work_id, hooks_due_at=due_at).update(hooks_due_at=None):
+        return False
+    if item.state == State.QUEUED:
+        wake_pollers(item.environment_id)
+    return True
+
+
+def _settle_overdue(environment_id: str | None) -> list[str]:
+    """Ends whose hooks have not run WORK_SETTLE_GRACE_SECONDS after their commit (the process that was to run
+    them died, or a hook failed): run them here. Each is claimed by moving its mark, so one process runs it."""
+    now = timezone.now()
+    overdue = now - timedelta(seconds=settings.WORK_SETTLE_GRACE_SECONDS)
+    settled = []
+    found = WorkItem.objects.filter(hooks_due_at__lt=overdue)
+    if environment_id is not None:
+        found = found.filter(environment_id=environment_id)
+    for work_id in found.values_list("id", flat=True)[:500]:
+        claimed = timezone.now()
+        if not WorkItem.objects.filter(id=work_id, hooks_due_at__lt=overdue).update(hooks_due_at=claimed):
+            continue  # another sweep claimed it, or it was settled meanwhile
+        logger.info("work item %s: running the hooks its end left unrun", work_id)
+        if _settle(work_id, claimed):
+            settled.append(work_id)
+    return settled
 
 
 # -- the session's hands panel: which worker holds its hands, since when

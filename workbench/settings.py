@@ -291,6 +291,9 @@ WORK_LEASE_TTL_SECONDS = env.int("WORK_LEASE_TTL_SECONDS", default=90)
 WORK_MIN_TTL_SECONDS = env.int("WORK_MIN_TTL_SECONDS", default=2)
 WORK_MAX_TTL_SECONDS = env.int("WORK_MAX_TTL_SECONDS", default=3600)
 WORK_SWEEP_SECONDS = env.float("WORK_SWEEP_SECONDS", default=5.0)
+# The hooks an item's end (lost or stopped) leaves run after its commit, in the process that noticed it; a sweep
+# runs those not run WORK_SETTLE_GRACE_SECONDS later (that process died). A lost item waits for them.
+WORK_SETTLE_GRACE_SECONDS = env.float("WORK_SETTLE_GRACE_SECONDS", default=3.0)
 
 # --- MCP tools (harness.mcp) -------------------------------------------------------------------------------
 # One listing or call, connection included; and how long a session's listing of a server is reused.

@@ -18,6 +18,7 @@ from anthropic.types.beta.environments import BetaHeartbeatPreconditionFailedErr
 from django.conf import settings as django_settings
 from django.utils import timezone
 
+from sandboxes import work_queue
 from sandboxes.models import Sandbox, WorkItem
 from sandboxes.reaper import reap_idle
 from sandboxes.tasks import sweep_work
@@ -756,6 +757,52 @@ def test_a_requeued_item_is_held_from_polls_until_its_lost_workers_calls_are_set
         _lost_hooks.remove(settle)
     assert seen_during_the_hook == [None], "held while the hook ran"
     assert again is not None and again["id"] == first["id"], "released after it"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_end_whose_process_died_before_its_hooks_ran_is_settled_by_a_later_sweep(
+    worker, env_id, session, settings, hooks, monkeypatch
+):
+    """The process that noticed the lost worker commits the requeue and dies before its hooks run: the item
+    stays held from polls, and a sweep after the grace runs the hooks and releases it."""
+    settings.WORK_LEASE_TTL_SECONDS = 0
+    item, _, _ = claimed(worker, env_id, session)
+    with monkeypatch.context() as died:
+        died.setattr(work_queue, "_settle", lambda work_id, due_at: False)  # the after-commit step never runs
+        assert work_sweep() == [item["id"]]
+    assert hooks["lost"] == []
+    assert WorkItem.objects.get(id=item["id"]).hooks_due_at is not None
+    assert work_poll(env_id, worker_id="worker-b", reclaim_older_than_ms=0) is None, "held: nothing settled it"
+    settings.WORK_SETTLE_GRACE_SECONDS = 0
+    assert work_sweep() == [item["id"]]
+    assert hooks["lost"] == [(session, item["id"])]
+    assert WorkItem.objects.get(id=item["id"]).hooks_due_at is None
+    assert work_sweep() == [], "settled once"
+    handed = work_poll(env_id, worker_id="worker-b")
+    assert handed is not None and handed.item.id == item["id"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stop_whose_hook_failed_is_tried_again_by_a_sweep(worker, env_id, session, settings):
+    item, _, _ = claimed(worker, env_id, session)
+    calls: list[str] = []
+
+    def flaky(session_id: str, work_id: str) -> None:
+        calls.append(work_id)
+        if len(calls) == 1:
+            raise RuntimeError("the database went away")
+
+    add_work_stopped_hook(flaky)
+    try:
+        worker.post(f"/v1/environments/{env_id}/work/{item['id']}/stop", {"force": True})
+        assert calls == [item["id"]]
+        assert WorkItem.objects.get(id=item["id"]).hooks_due_at is not None, "kept for a retry"
+        settings.WORK_SETTLE_GRACE_SECONDS = 0
+        assert work_sweep() == [item["id"]]
+        assert calls == [item["id"], item["id"]]
+        assert WorkItem.objects.get(id=item["id"]).hooks_due_at is None
+    finally:
+        _stopped_hooks.remove(flaky)
 
 
 def test_no_platform_sandbox_is_provisioned_or_attached_for_a_self_hosted_session(operator, session):

@@ -49,6 +49,8 @@ REFERENCES = {
     "user.tool_result": ("tool_use_id", ("agent.tool_use",)),
     "user.custom_tool_result": ("custom_tool_use_id", ("agent.custom_tool_use",)),
 }
+# The events that answer a call, by the field naming it: each call takes one.
+RESULTS = {"user.tool_result": "tool_use_id", "user.custom_tool_result": "custom_tool_use_id"}
 SNAPSHOT_FIELDS = (
     "name",
     "description",
@@ -119,7 +121,7 @@ def _check_references(session_id: str, events: list[dict[str, Any]]) -> None:
                 f"'events[{i}].{key}' is {event[key]!r}, which is not the id of an "
                 f"{' or '.join(types)} event in session {session_id}."
             )
-        if event["type"] == "user.tool_result":
+        if event["type"] in RESULTS:
             _check_result_wanted(session_id, use, f"events[{i}].{key}", answered)
             answered.add(use.uid)
 
@@ -183,8 +185,8 @@ def _append_user_events(session_id: str, events: list[dict[str, Any]], *, open_o
     that finds the key taken writes nothing, and is refused here."""
     kinds = {event["type"] for event in events}
     items: list[tuple[dict[str, Any], str | None]] = [
-        ({**event, "id": new_id("sevt")}, result_key(event["tool_use_id"]))
-        if event["type"] == "user.tool_result"
+        ({**event, "id": new_id("sevt")}, result_key(event[RESULTS[event["type"]]]))
+        if event["type"] in RESULTS
         else (event, None)
         for event in events
     ]
@@ -197,7 +199,7 @@ def _append_user_events(session_id: str, events: list[dict[str, Any]], *, open_o
     )
     ids = [event.get("id") for event, key in items if key is not None]
     if ids and not set(ids) <= {event.uid for event in written}:
-        calls = ", ".join(event["tool_use_id"] for event, key in items if key is not None)
+        calls = ", ".join(event[RESULTS[event["type"]]] for event, key in items if key is not None)
         raise Invalid(
             f"Tool call {calls} got its result meanwhile; a call takes one result. Nothing was added."
         )

@@ -94,6 +94,16 @@ def test_a_custom_tool_round_trip_waits_for_the_client(sdk, environment):
     assert events[-1].stop_reason.type == "end_turn"
     assert "a water weasel" in of(events, "agent.message")[-1].content[0].text
 
+    before = len(list(sdk.beta.sessions.events.list(session_id)))
+    second = {
+        "type": "user.custom_tool_result",
+        "custom_tool_use_id": use.id,
+        "content": [{"type": "text", "text": "a second answer"}],
+    }
+    with pytest.raises(anthropic.BadRequestError, match="already has a result"):
+        sdk.beta.sessions.events.send(session_id, events=[second])
+    assert len(list(sdk.beta.sessions.events.list(session_id))) == before
+
 
 def test_a_tool_that_asks_runs_on_allow_and_returns_the_message_on_deny(sdk, environment):
     asking = {

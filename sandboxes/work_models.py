@@ -92,7 +92,9 @@ class WorkItem(models.Model):
         indexes = [
             models.Index(fields=["environment", "state", "queued_at"], name="work_item_queue"),
             models.Index(
-                fields=["hooks_due_at"], name="work_item_hooks_due", condition=models.Q(hooks_due_at__isnull=False)
+                fields=["hooks_due_at"],
+                name="work_item_hooks_due",
+                condition=models.Q(hooks_due_at__isnull=False),
             ),
         ]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -63,8 +63,15 @@ def _sse(name: str, data: dict[str, Any]) -> str:
     return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-async def sse_tail(session_id: str, *, previews: frozenset[str]) -> AsyncIterator[str]:
-    """The SSE body of `events/stream`: events appended after the client attached, with pings."""
+async def sse_tail(
+    session_id: str,
+    *,
+    previews: frozenset[str],
+    recheck: Callable[[], Awaitable[dict[str, Any] | None]] | None = None,
+) -> AsyncIterator[str]:
+    """The SSE body of `events/stream`: events appended after the client attached, with pings. Every
+    `STREAM_RECHECK_SECONDS` it asks `recheck` whether the caller may still read it; an error envelope ends
+    the stream with an `error` event (the SDK raises it), so a revoked credential stops reading."""
     layer = get_channel_layer()
     channel = await layer.new_channel()
     await layer.group_add(group_name(session_id), channel)
@@ -72,9 +79,15 @@ async def sse_tail(session_id: str, *, previews: frozenset[str]) -> AsyncIterato
     try:
         sequencer = Sequencer(session_id, await _length_async(session_id) - 1)
         loop = asyncio.get_running_loop()
-        last_write = loop.time()
+        last_write = last_check = loop.time()
         yield _sse("ping", {"type": "ping"})
         while True:
+            if recheck is not None and loop.time() - last_check >= settings.STREAM_RECHECK_SECONDS:
+                last_check = loop.time()
+                refusal = await recheck()
+                if refusal is not None:
+                    yield _sse("error", refusal)
+                    return
             done, _ = await asyncio.wait({receive}, timeout=settings.STREAM_CATCHUP_SECONDS)
             chunks = []
             if done:

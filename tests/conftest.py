@@ -182,7 +182,7 @@ def live_server_url(transactional_db: Any, redis_url: str) -> Iterator[str]:
     """The real ASGI server (Daphne) on a free port, against the test database and Redis."""
     from bench.common.processes import daphne
 
-    env = child_env(STREAM_CATCHUP_SECONDS="0.5", STREAM_PING_SECONDS="1")
+    env = child_env(STREAM_CATCHUP_SECONDS="0.5", STREAM_PING_SECONDS="1", STREAM_RECHECK_SECONDS="0.5")
     with daphne(env, ROOT / ".pytest-daphne.log", append_log=True, timeout=90) as url:
         yield url
 

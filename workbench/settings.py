@@ -151,6 +151,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES + 1024
 # broadcasts mere hints for live streams.
 STREAM_PING_SECONDS = env.float("STREAM_PING_SECONDS", default=15.0)
 STREAM_CATCHUP_SECONDS = env.float("STREAM_CATCHUP_SECONDS", default=2.0)
+# How often an SSE stream asks again whether its caller's credential still reaches it (revoked, work item stopped).
+STREAM_RECHECK_SECONDS = env.float("STREAM_RECHECK_SECONDS", default=5.0)
 
 LOGGING = {
     "version": 1,

@@ -39,6 +39,7 @@ from harness.services.resources import (
     session_resource_update,
     session_resources_list,
 )
+from kernel.api.edge import credential_recheck
 from kernel.api.pagination import decode_cursor, encode_cursor, keyset_page
 from kernel.api.schemas import ERRORS, Deleted
 from kernel.errors import Invalid
@@ -195,7 +196,8 @@ async def events_stream(
     """Server-sent events: each event as it is committed, and with `event_deltas[]` its text as it is written."""
     await sync_to_async(get_session)(session_id)
     response = StreamingHttpResponse(
-        sse_tail(session_id, previews=frozenset(query.event_deltas)), content_type="text/event-stream"
+        sse_tail(session_id, previews=frozenset(query.event_deltas), recheck=credential_recheck(request)),
+        content_type="text/event-stream",
     )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"

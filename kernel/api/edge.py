@@ -14,10 +14,11 @@ import functools
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from inspect import iscoroutinefunction
 from typing import Any, Literal, get_args, get_origin
 
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.core.exceptions import DisallowedHost, RequestDataTooBig, SuspiciousOperation
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -40,8 +41,9 @@ from kernel.api.errors import (
 from kernel.api.idempotency import idempotent
 from kernel.api.schemas import UNION_TAGS
 from kernel.api.validation import MAX_BODY_DEPTH, check_body, check_text, describe
-from kernel.auth import api_key_from_headers, principal_from_token, raw_bearer
+from kernel.auth import Principal, api_key_from_headers, principal_from_token, raw_bearer
 from kernel.errors import DomainError
+from kernel.models import ApiKey
 
 logger = logging.getLogger(__name__)
 
@@ -76,20 +78,50 @@ class ApiKeyAuth(APIKeyHeader):
         return None  # `authenticate` reads both headers itself
 
     def authenticate(self, request: HttpRequest, key: str | None) -> Any:
-        found = api_key_from_headers(request.headers)
-        request.api_key = found  # type: ignore[attr-defined]
-        request.principal = None  # type: ignore[attr-defined]
-        if found is not None:
-            return found
-        raw = raw_bearer(request.headers)
-        principal = principal_from_token(raw) if raw else None
-        if principal is None:
-            return None
-        why = principal.allows(request.method or "GET", request.path)
-        if why is not None:
-            raise PermissionDenied(why)
-        request.principal = principal  # type: ignore[attr-defined]
-        return principal
+        found = credential(request.headers, request.method or "GET", request.path)
+        request.api_key = found if isinstance(found, ApiKey) else None  # type: ignore[attr-defined]
+        request.principal = None if isinstance(found, ApiKey) else found  # type: ignore[attr-defined]
+        return found
+
+
+_NO_KEY = (
+    "No valid API key. Send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'; "
+    "create one with `manage.py createapikey --name NAME` or on the API keys page."
+)
+
+
+def credential(headers: Mapping[str, str], method: str, path: str) -> ApiKey | Principal | None:
+    """The API key or narrower principal these headers carry, if it may make this request; None if they carry
+    none. A credential of ours that no longer works, or does not reach this path, raises why."""
+    found = api_key_from_headers(headers)
+    if found is not None:
+        return found
+    raw = raw_bearer(headers)
+    principal = principal_from_token(raw) if raw else None
+    if principal is None:
+        return None
+    why = principal.allows(method, path)
+    if why is not None:
+        raise PermissionDenied(why)
+    return principal
+
+
+def credential_recheck(request: HttpRequest) -> Callable[[], Awaitable[dict[str, Any] | None]]:
+    """For a response that outlives its request (a stream): asks again whether the request's credential still
+    makes it, and answers None while it does, else the error envelope that says why not (the key was revoked,
+    the work item its sessions token belongs to stopped or moved to another worker)."""
+    headers = {name.lower(): value for name, value in request.headers.items()}
+    method, path = request.method or "GET", request.path
+
+    def check() -> dict[str, Any] | None:
+        try:
+            if credential(headers, method, path) is None:
+                raise AuthenticationFailed(_NO_KEY)
+        except ApiError as error:
+            return error.envelope()
+        return None
+
+    return database_sync_to_async(check, thread_sensitive=False)
 
 
 class BodyParser(Parser):
@@ -245,10 +277,7 @@ def api_error(error: Exception) -> ApiError | None:
     if isinstance(error, HttpError) and isinstance(error.__cause__, ApiError | DomainError):
         return api_error(error.__cause__)  # ninja wraps what the body parser raised
     if isinstance(error, AuthenticationError):
-        return AuthenticationFailed(
-            "No valid API key. Send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'; "
-            "create one with `manage.py createapikey --name NAME` or on the API keys page."
-        )
+        return AuthenticationFailed(_NO_KEY)
     if isinstance(error, Http404):  # ninja's root, `/v1/`, has no docs to show
         return NotFound("There is no API endpoint here; the routes are listed at /v1/openapi.json.")
     if isinstance(error, DisallowedHost):

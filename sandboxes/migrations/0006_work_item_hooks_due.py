@@ -4,20 +4,23 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('agent_sessions', '0004_session_wake_queued_at'),
-        ('sandboxes', '0005_work_queue'),
+        ("agent_sessions", "0004_session_wake_queued_at"),
+        ("sandboxes", "0005_work_queue"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='workitem',
-            name='hooks_due_at',
+            model_name="workitem",
+            name="hooks_due_at",
             field=models.DateTimeField(blank=True, editable=False, null=True),
         ),
         migrations.AddIndex(
-            model_name='workitem',
-            index=models.Index(condition=models.Q(('hooks_due_at__isnull', False)), fields=['hooks_due_at'], name='work_item_hooks_due'),
+            model_name="workitem",
+            index=models.Index(
+                condition=models.Q(("hooks_due_at__isnull", False)),
+                fields=["hooks_due_at"],
+                name="work_item_hooks_due",
+            ),
         ),
     ]

@@ -7,6 +7,7 @@ import time
 
 import anthropic
 import pytest
+from django.utils import timezone
 
 from tests.conftest import make_agent, make_environment
 
@@ -99,6 +100,27 @@ def test_sdk_stream_receives_the_events_sent_after_it_opened(sdk):
         )
     reader.join(20)
     assert received == ["one", "two", "three"]
+
+
+def test_a_stream_whose_api_key_is_revoked_ends_with_an_error_the_sdk_raises(live_server_url, api_key):
+    from kernel.models import ApiKey, hash_key
+
+    sdk = anthropic.Anthropic(base_url=live_server_url, api_key=api_key, max_retries=0, timeout=30)
+    session = sdk.beta.sessions.create(agent=make_agent(), environment_id=make_environment())
+    with sdk.beta.sessions.events.stream(session.id) as stream:
+        time.sleep(1.5)  # past a few re-checks (0.5 s here), which a valid key passes
+        sdk.beta.sessions.events.send(
+            session.id,
+            events=[{"type": "system.message", "content": [{"type": "text", "text": "still here"}]}],
+        )
+        assert (
+            next(event for event in stream if event.type == "system.message").content[0].text == "still here"
+        )
+        ApiKey.objects.filter(key_hash=hash_key(api_key)).update(revoked_at=timezone.now())
+        started = time.monotonic()
+        with pytest.raises(anthropic.APIStatusError, match="No valid API key"):
+            for _ in stream:
+                assert time.monotonic() - started < 20, "the stream went on after its key was revoked"
 
 
 def test_the_api_over_daphne_refuses_a_host_outside_allowed_hosts_in_its_error_envelope(

@@ -689,6 +689,31 @@ def test_the_sdk_polls_acks_heartbeats_stops_and_reads_stats(sdk_worker, live_se
 
 @pytest.mark.server
 @pytest.mark.django_db(transaction=True)
+def test_a_sessions_token_stream_ends_with_an_error_once_its_item_stops(sdk_worker, live_server_url, env_id):
+    session = make_session(environment_id=env_id)
+    work_id = work_ensure(session)
+    work = sdk_worker.beta.environments.work
+    item = work.poll(env_id, block_ms=999)
+    work.ack(work_id, environment_id=env_id)
+    work.heartbeat(work_id, environment_id=env_id, expected_last_heartbeat="NO_HEARTBEAT")
+    holder = anthropic.Anthropic(base_url=live_server_url, api_key=token_of(item.secret), max_retries=0)
+    with holder.beta.sessions.events.stream(session) as stream:
+        threading.Event().wait(1.5)  # past a few re-checks (0.5 s here), which a live item's token passes
+        holder.beta.sessions.events.send(
+            session, events=[{"type": "system.message", "content": [{"type": "text", "text": "still here"}]}]
+        )
+        assert (
+            next(event for event in stream if event.type == "system.message").content[0].text == "still here"
+        )
+        work.stop(work_id, environment_id=env_id, force=True)
+        with pytest.raises(anthropic.APIStatusError, match="is stopped") as ended:
+            for _ in stream:
+                pass
+    assert ended.value.body["error"]["type"] == "permission_error"
+
+
+@pytest.mark.server
+@pytest.mark.django_db(transaction=True)
 def test_the_sdks_own_poller_takes_an_item_and_stops_it_with_its_sessions_token(sdk_worker, env_id):
     session = make_session(environment_id=env_id, agent=make_agent())
     work_id = work_ensure(session)
@@ -772,7 +797,9 @@ def test_an_end_whose_process_died_before_its_hooks_ran_is_settled_by_a_later_sw
         assert work_sweep() == [item["id"]]
     assert hooks["lost"] == []
     assert WorkItem.objects.get(id=item["id"]).hooks_due_at is not None
-    assert work_poll(env_id, worker_id="worker-b", reclaim_older_than_ms=0) is None, "held: nothing settled it"
+    assert work_poll(env_id, worker_id="worker-b", reclaim_older_than_ms=0) is None, (
+        "held: nothing settled it"
+    )
     settings.WORK_SETTLE_GRACE_SECONDS = 0
     assert work_sweep() == [item["id"]]
     assert hooks["lost"] == [(session, item["id"])]

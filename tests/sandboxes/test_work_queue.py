@@ -8,6 +8,7 @@ import json
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import anthropic
@@ -638,6 +639,29 @@ def test_a_long_poll_wakes_when_an_item_is_enqueued(env_id, redis_url):
     work_id = work_ensure(session)
     polling.join()
     assert result[0] is not None and result[0].item.id == work_id
+
+
+@pytest.mark.redis
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_long_poll_holds_no_database_connection(env_id, redis_url, monkeypatch):
+    from django.db import connection
+
+    listen = work_queue.listening
+    held_while_waiting: list[bool] = []
+
+    @contextmanager
+    def watched(environment_id: str) -> Iterator[Any]:
+        with listen(environment_id) as wait:
+
+            def watched_wait(seconds: float) -> None:
+                held_while_waiting.append(connection.connection is not None)
+                wait(seconds)
+
+            yield watched_wait
+
+    monkeypatch.setattr(work_queue, "listening", watched)
+    assert in_thread(lambda: work_poll(env_id, block_ms=300)) is None
+    assert held_while_waiting and not any(held_while_waiting)
 
 
 # -- the official SDK against the live server

@@ -57,6 +57,40 @@ def _result_block(event: Any, key: str) -> dict[str, Any]:
     return block
 
 
+class _WorkerHands:
+    """Which self-hosted worker holds the session's hands, as the log tells it (`sandbox.attached` with a
+    `work_id`). When another worker takes over, the first result it sends tells the model so, since that worker
+    may run on another machine, without what the calls before left on the first one."""
+
+    def __init__(self) -> None:
+        self.worker: tuple[str, str] | None = None
+        self.moved: str | None = None
+
+    def see(self, event: Any) -> None:
+        if event.type != "sandbox.attached" or "work_id" not in event.payload:
+            return
+        worker = (event.payload.get("worker_id") or "", event.payload["work_id"])
+        before = self.worker
+        self.worker = worker
+        if before is None or (worker[0] and worker[0] == before[0]):
+            return
+        now = f"worker {worker[0]}" if worker[0] else f"a new worker (work item {worker[1]})"
+        was = f"worker {before[0]}" if before[0] else f"the worker of work item {before[1]}"
+        self.moved = (
+            f"[system] This result, and the tool calls after it, come from {now}: {was} was lost or stopped. "
+            "It may be another machine: files, processes and installed packages that earlier calls left on "
+            "the first one may not be there, so check before relying on them."
+        )
+
+    def noted(self, block: dict[str, Any]) -> dict[str, Any]:
+        """A result block, with the takeover's note if it is the first result since another worker took over."""
+        if self.moved is None:
+            return block
+        block["content"] = [*block["content"], {"type": "text", "text": self.moved}]
+        self.moved = None
+        return block
+
+
 def messages_from_events(events: Iterable[Any], *, prefix: str | None = None) -> list[dict[str, Any]]:
     """The Messages API conversation the log describes: user turns, assistant turns, tool results.
 
@@ -74,8 +108,10 @@ def messages_from_events(events: Iterable[Any], *, prefix: str | None = None) ->
 
     if prefix:
         add("user", [{"type": "text", "text": prefix}])
+    hands = _WorkerHands()
     for event in events:
         kind, payload = event.type, event.payload
+        hands.see(event)
         if kind == "user.message":
             add("user", _blocks(payload.get("content")))
         elif kind == "system.message":
@@ -102,8 +138,10 @@ def messages_from_events(events: Iterable[Any], *, prefix: str | None = None) ->
                     }
                 ],
             )
-        elif kind in ("agent.tool_result", "user.tool_result"):
+        elif kind == "agent.tool_result":
             add("user", [_result_block(event, "tool_use_id")])
+        elif kind == "user.tool_result":
+            add("user", [hands.noted(_result_block(event, "tool_use_id"))])
         elif kind == "user.custom_tool_result":
             add("user", [_result_block(event, "custom_tool_use_id")])
         elif kind == "agent.mcp_tool_result":

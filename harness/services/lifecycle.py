@@ -265,6 +265,7 @@ def session_create(
             raise Invalid(f"'initial_events[{i}].type' must be user.message or user.define_outcome.")
     stored, tokens = new_resources(resources or [])
     check_for_environment(stored, environment.config or {})
+    _check_skills(snapshot, environment.config or {})
     with transaction.atomic():
         session = Session.objects.create(
             agent_id=agent_id,
@@ -345,6 +346,19 @@ def session_archive(session_id: str) -> Session:
             transaction.on_commit(partial(work_stop_for_session, session.id))
         session.refresh_from_db()
     return session
+
+
+def _check_skills(snapshot: dict[str, Any], environment_config: dict[str, Any]) -> None:
+    """A self-hosted worker downloads its agent's skills from `/v1/skills`, which this installation does not
+    serve (it has no skills store): an agent with skills cannot run there, rather than run without them."""
+    skills = snapshot.get("skills") or []
+    if environment_config.get("type") == "self_hosted" and skills:
+        raise Invalid(
+            f"'agent': agent skills ({', '.join(repr(s['skill_id']) for s in skills)}) cannot run in a "
+            "self-hosted environment: its worker downloads them from /v1/skills, and this installation has no "
+            "skills store. Use an agent version without skills, or override 'skills' with [].",
+            code="skills_not_supported",
+        )
 
 
 def session_delete(session_id: str, *, actor: str = "api") -> dict[str, str]:

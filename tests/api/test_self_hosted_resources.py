@@ -48,3 +48,19 @@ def test_a_cloud_session_still_takes_them(api):
         },
     )
     assert answer.status_code == 200, answer.content
+
+
+def test_a_self_hosted_session_refuses_an_agent_with_skills_unless_overridden_away(api):
+    """Its worker would download them from /v1/skills, which this installation does not serve."""
+    environment = make_environment(config={"type": "self_hosted"})
+    agent = make_agent(skills=[{"type": "custom", "skill_id": "skill_pdf"}])
+    answer = api.post("/v1/sessions", {"agent": agent, "environment_id": environment})
+    assert answer.status_code == 400, answer.content
+    assert (
+        "'skill_pdf'" in answer.json()["error"]["message"]
+        and "no skills store" in answer.json()["error"]["message"]
+    )
+    assert not Session.objects.exists()
+    without = {"type": "agent_with_overrides", "id": agent, "skills": []}
+    assert api.post("/v1/sessions", {"agent": without, "environment_id": environment}).status_code == 200
+    assert api.post("/v1/sessions", {"agent": agent, "environment_id": make_environment()}).status_code == 200

@@ -10,6 +10,7 @@ from django.utils import timezone
 from harness.agent_config import normalise_agent_config
 from harness.models import Agent, AgentVersion
 from kernel.errors import Closed, Conflict, NotFound
+from kernel.models import DEFAULT_WORKSPACE_ID
 
 
 def agent_json(version: AgentVersion) -> dict[str, Any]:
@@ -25,10 +26,15 @@ def agent_json(version: AgentVersion) -> dict[str, Any]:
     }
 
 
+class AgentNotFound(NotFound):
+    def __init__(self, agent_id: str):
+        super().__init__("agent", agent_id)
+
+
 def get_agent(agent_id: str) -> Agent:
     agent = Agent.objects.filter(id=agent_id).first()
     if agent is None:
-        raise NotFound("agent", agent_id)
+        raise AgentNotFound(agent_id)
     return agent
 
 
@@ -63,9 +69,9 @@ class AgentFields(TypedDict, total=False):
 
 
 @transaction.atomic
-def agent_create(**fields: Unpack[AgentFields]) -> AgentVersion:
+def agent_create(*, workspace_id: str = DEFAULT_WORKSPACE_ID, **fields: Unpack[AgentFields]) -> AgentVersion:
     config = normalise_agent_config(dict(fields))
-    agent = Agent.objects.create()
+    agent = Agent.objects.create(workspace_id=workspace_id)
     return AgentVersion.objects.create(agent=agent, version=1, config=config)
 
 
@@ -79,7 +85,7 @@ def agent_update(
     """
     agent = Agent.objects.select_for_update().filter(id=agent_id).first()
     if agent is None:
-        raise NotFound("agent", agent_id)
+        raise AgentNotFound(agent_id)
     if agent.archived_at is not None:
         raise Closed(f"Agent {agent_id} is archived and cannot be changed.")
     if version is not None and version != agent.version:

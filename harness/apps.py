@@ -13,3 +13,13 @@ class HarnessConfig(AppConfig):
         # what it left, and makes sure a worker is asked for while calls wait for one.
         add_work_lost_hook(session_worker_gone)
         add_work_stopped_hook(session_worker_gone)
+
+        from harness.agents import AgentNotFound
+        from harness.models import Agent
+        from kernel.tenancy import add_owner, workspace_lookup
+
+        add_owner(
+            "agent_id",
+            workspace_of=workspace_lookup(Agent),
+            missing=AgentNotFound,
+        )

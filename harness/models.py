@@ -11,6 +11,9 @@ class Agent(models.Model):
     """An agent's identity; its configuration lives in immutable versions."""
 
     id = models.CharField(primary_key=True, max_length=40, default=partial(new_id, "agent"), editable=False)
+    workspace = models.ForeignKey(
+        "workbench.Workspace", on_delete=models.PROTECT, related_name="+", editable=False
+    )
     version = models.PositiveIntegerField(default=1, help_text="The latest version.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -30,6 +30,10 @@ class Principal(Protocol):
     def actor(self) -> str:
         """Who it is, in the words an audit row or an event's actor uses."""
 
+    @property
+    def workspace_id(self) -> str:
+        """The workspace whose objects it reaches."""
+
     def allows(self, method: str, path: str) -> str | None:
         """None if it may make this request; else why not (it is a 403's message)."""
 

@@ -7,6 +7,7 @@ from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 from pydantic import field_validator
 
+from kernel.api.edge import caller
 from kernel.api.pagination import keyset_page
 from kernel.api.schemas import ERRORS, Body, Deleted, Metadata, MetadataPatch, Page, Timestamp
 from kernel.errors import NotFound, Unavailable
@@ -86,12 +87,12 @@ class EnvironmentList(Schema):
 
 @router.post("/environments", response={200: Environment, **ERRORS})
 def environments_create(request: HttpRequest, body: EnvironmentCreate) -> dict[str, Any]:
-    return environment_json(environment_create(**body.given()))
+    return environment_json(environment_create(workspace_id=caller(request).workspace_id, **body.given()))
 
 
 @router.get("/environments", response={200: EnvironmentList, **ERRORS})
 def environments_list(request: HttpRequest, query: Query[EnvironmentsQuery]) -> dict[str, Any]:
-    environments = EnvironmentRow.objects.live()
+    environments = EnvironmentRow.objects.live().filter(workspace_id=caller(request).workspace_id)
     if not query.include_archived:
         environments = environments.filter(archived_at__isnull=True)
     page = keyset_page(environments, query.page, order="desc", limit=query.limit)
@@ -161,6 +162,7 @@ def _session_or_404(session_id: str) -> None:
 
 
 def _held_by(session_id: str, sandbox_id: str) -> None:
+    _session_or_404(session_id)
     if not SandboxRow.objects.filter(id=sandbox_id, session_id=session_id).exists():
         raise NotFound("sandbox", sandbox_id, f"Session {session_id} holds no sandbox {sandbox_id!r}.")
 
@@ -177,7 +179,9 @@ def session_sandboxes_add(request: HttpRequest, session_id: str, body: SandboxAd
     """`{"name"}` provisions a new hand; `{"sandbox_id", "name"?}` attaches a free one."""
     _session_or_404(session_id)
     if body.sandbox_id is not None:
-        return sandbox_json(sandbox_attach(body.sandbox_id, session_id, name=body.name))
+        return sandbox_json(
+            sandbox_attach(body.sandbox_id, session_id, name=body.name, actor=caller(request).actor)
+        )
     try:
         return sandbox_json(sandbox_provision(session_id, name=body.name or "main"))
     except SandboxError as error:
@@ -203,7 +207,7 @@ def session_sandbox_transfer(
     request: HttpRequest, session_id: str, sandbox_id: str, body: SandboxTransfer
 ) -> dict[str, Any]:
     _held_by(session_id, sandbox_id)
-    return sandbox_json(sandbox_transfer(sandbox_id, body.to_session))
+    return sandbox_json(sandbox_transfer(sandbox_id, body.to_session, actor=caller(request).actor))
 
 
 @router.delete(
@@ -211,12 +215,12 @@ def session_sandbox_transfer(
 )
 def session_sandbox_terminate(request: HttpRequest, session_id: str, sandbox_id: str) -> dict[str, Any]:
     _held_by(session_id, sandbox_id)
-    return sandbox_json(sandbox_terminate(sandbox_id))
+    return sandbox_json(sandbox_terminate(sandbox_id, actor=caller(request).actor))
 
 
 @router.get("/sandboxes", response={200: SandboxList, **ERRORS}, tags=["sandboxes"])
 def sandboxes_list(request: HttpRequest, query: Query[SandboxesQuery]) -> dict[str, Any]:
-    sandboxes = SandboxRow.objects.all()
+    sandboxes = SandboxRow.objects.filter(environment__workspace_id=caller(request).workspace_id)
     if not query.include_terminated:
         sandboxes = sandboxes.exclude(status=SandboxRow.Status.TERMINATED)
     if query.free:

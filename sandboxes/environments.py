@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from kernel.api.validation import check_metadata, expect, no_unknown_fields, patch_metadata
 from kernel.errors import Closed, Conflict, Invalid, NotFound
+from kernel.models import DEFAULT_WORKSPACE_ID
 from sandboxes.models import Environment
 from sandboxes.pool import pool_size, queue_refill
 from sandboxes.providers import PROVIDERS
@@ -174,10 +175,15 @@ def environment_json(environment: Environment) -> dict[str, Any]:
     }
 
 
+class EnvironmentNotFound(NotFound):
+    def __init__(self, environment_id: str):
+        super().__init__("environment", environment_id, code="environment_not_found")
+
+
 def get_environment(environment_id: str) -> Environment:
     environment = Environment.objects.live().filter(id=environment_id).first()
     if environment is None:
-        raise NotFound("environment", environment_id, code="environment_not_found")
+        raise EnvironmentNotFound(environment_id)
     return environment
 
 
@@ -200,13 +206,18 @@ def _save(environment: Environment, **options: Any) -> None:
         with transaction.atomic():
             environment.save(**options)
     except IntegrityError:
-        holder = Environment.objects.live().filter(name=environment.name).exclude(id=environment.id).first()
+        holder = (
+            Environment.objects.live()
+            .filter(workspace_id=environment.workspace_id, name=environment.name)
+            .exclude(id=environment.id)
+            .first()
+        )
         if holder is None:
             raise
         state = "an archived environment" if holder.archived_at else "an environment"
         raise NameTaken(
             f"The name {environment.name!r} is taken by {state} ({holder.id}); environment names "
-            f"are unique. Choose another name, or delete {holder.id} to free this one.",
+            f"are unique in a workspace. Choose another name, or delete {holder.id} to free this one.",
             code="environment_name_taken",
         ) from None
 
@@ -221,8 +232,10 @@ def environment_create(
     description: str | None = None,
     metadata: dict[str, str] | None = None,
     scope: Scope = "organization",
+    workspace_id: str = DEFAULT_WORKSPACE_ID,
 ) -> Environment:
     environment = Environment(
+        workspace_id=workspace_id,
         name=name,
         description=description,
         metadata=dict(check_metadata(metadata or {})),

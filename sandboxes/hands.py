@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from kernel.errors import Invalid, NotFound
+from kernel.tenancy import audit, check_same
 from sandboxes.models import Environment, Sandbox
 from sandboxes.pool import leave_pool, pool_take
 from sandboxes.providers import (
@@ -235,6 +236,15 @@ def _receiver(session_id: str) -> Session:
     return session
 
 
+def _same_workspace(sandbox: Sandbox, session: Session, missing: NotFound) -> None:
+    """Hands stay home: a sandbox moves only between sessions of its own workspace. Another workspace's
+    object is answered as a missing one, so ids do not leak."""
+    home = (
+        Environment.objects.filter(id=sandbox.environment_id).values_list("workspace_id", flat=True).first()
+    )
+    check_same(session.workspace_id, home or "", missing)
+
+
 def _handed_over(sandbox: Sandbox, session_id: str) -> Sandbox:
     """A hand that changed sessions gets its toolbox verified and a new shell (`Provider.reset`) before its
     new holder uses it; after the transaction, as it may wait seconds for a call of the previous holder to
@@ -255,10 +265,14 @@ def _handed_over(sandbox: Sandbox, session_id: str) -> Sandbox:
     return sandbox
 
 
-def sandbox_attach(sandbox_id: str, session_id: str, *, name: str | None = None) -> Sandbox:
-    """Give a free sandbox to a session."""
+def sandbox_attach(
+    sandbox_id: str, session_id: str, *, name: str | None = None, actor: str = "system"
+) -> Sandbox:
+    """Give a free sandbox of the session's workspace to the session."""
     with transaction.atomic():
         sandbox = _live(sandbox_id)
+        receiver = _receiver(session_id)
+        _same_workspace(sandbox, receiver, NotFound("sandbox", sandbox_id))
         if sandbox.session_id is not None:
             raise Invalid(
                 f"Sandbox {sandbox_id} is held by session {sandbox.session_id}; detach it or "
@@ -266,10 +280,10 @@ def sandbox_attach(sandbox_id: str, session_id: str, *, name: str | None = None)
             )
         if name is not None:
             _check_name(name)
-        _receiver(session_id)
         sandbox.session_id, sandbox.name = session_id, _free_name(session_id, name or sandbox.name)
         sandbox.save(update_fields=["session", "name"])
         emit_event(session_id, events.sandbox_attached(sandbox.id, sandbox.name))
+        audit(receiver.workspace_id, actor, "sandbox.attached", sandbox.id, session=session_id)
     return _handed_over(sandbox, session_id)
 
 
@@ -286,7 +300,9 @@ def sandbox_detach(sandbox_id: str, *, emit: Emit | None = None) -> Sandbox:
     return sandbox
 
 
-def sandbox_transfer(sandbox_id: str, to_session_id: str, *, emit: Emit | None = None) -> Sandbox:
+def sandbox_transfer(
+    sandbox_id: str, to_session_id: str, *, emit: Emit | None = None, actor: str = "system"
+) -> Sandbox:
     """Pass a live sandbox, with its files and processes, from its session to another; both logs say so.
 
     The processes the giver left running go on in the taker's hands, by design: they run as the same
@@ -300,7 +316,8 @@ def sandbox_transfer(sandbox_id: str, to_session_id: str, *, emit: Emit | None =
             raise Invalid(f"Sandbox {sandbox_id} is not attached; attach it instead of transferring it.")
         if source == to_session_id:
             raise Invalid(f"Sandbox {sandbox_id} is already held by session {to_session_id}.")
-        _receiver(to_session_id)
+        receiver = _receiver(to_session_id)
+        _same_workspace(sandbox, receiver, NotFound("session", to_session_id))
         (emit or _log(source))(events.sandbox_detached(sandbox.id, sandbox.name, to_session=to_session_id))
         sandbox.session_id, sandbox.name = to_session_id, _free_name(to_session_id, sandbox.name)
         sandbox.save(update_fields=["session", "name"])
@@ -308,13 +325,29 @@ def sandbox_transfer(sandbox_id: str, to_session_id: str, *, emit: Emit | None =
             to_session_id,
             events.sandbox_attached(sandbox.id, sandbox.name, from_session=source),
         )
+        audit(
+            receiver.workspace_id,
+            actor,
+            "sandbox.passed",
+            sandbox.id,
+            from_session=source,
+            to_session=to_session_id,
+        )
     return _handed_over(sandbox, to_session_id)
 
 
-def sandbox_terminate(sandbox_id: str, *, emit: Emit | None = None) -> Sandbox:
-    sandbox = Sandbox.objects.filter(id=sandbox_id).first()
+def sandbox_terminate(sandbox_id: str, *, emit: Emit | None = None, actor: str = "system") -> Sandbox:
+    sandbox = Sandbox.objects.select_related("environment").filter(id=sandbox_id).first()
     if sandbox is None:
         raise NotFound("sandbox", sandbox_id)
+    if actor != "system":  # the reaper's and the pools' ends are not admin actions
+        audit(
+            sandbox.environment.workspace_id,
+            actor,
+            "sandbox.terminated",
+            sandbox.id,
+            session=sandbox.session_id,
+        )
     if sandbox.provider == SELF_HOSTED:
         return _release_worker(sandbox)
     if sandbox.status in (Sandbox.Status.READY, Sandbox.Status.PROVISIONING, Sandbox.Status.DEAD):

@@ -25,6 +25,9 @@ class Environment(models.Model):
     """The template sandboxes are provisioned from (the /v1 environment)."""
 
     id = models.CharField(primary_key=True, max_length=40, default=partial(new_id, "env"), editable=False)
+    workspace = models.ForeignKey(
+        "workbench.Workspace", on_delete=models.PROTECT, related_name="+", editable=False
+    )
     name = models.CharField(max_length=255)
     description = models.TextField(null=True, blank=True)  # noqa: DJ001 - the API tells null from ""
     metadata = models.JSONField(default=dict, blank=True)
@@ -39,11 +42,11 @@ class Environment(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        # Names are unique among the environments the API still shows (archived ones too); deleting one
-        # frees its name.
+        # Names are unique in a workspace among the environments the API still shows (archived ones too);
+        # deleting one frees its name.
         constraints = [
             models.UniqueConstraint(
-                fields=["name"],
+                fields=["workspace", "name"],
                 condition=models.Q(deleted_at__isnull=True),
                 name="environment_live_name_unique",
             )

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 
+from kernel.api.edge import caller
 from kernel.api.errors import ApiError, PermissionDenied
 from kernel.api.pagination import keyset_page
 from kernel.api.schemas import ERRORS, Body, ErrorEnvelope, MetadataPatch, Page, Timestamp
@@ -26,6 +27,7 @@ from sandboxes.work_keys import (
     environment_key_json,
     environment_key_revoke,
     environment_keys,
+    self_hosted_environment,
 )
 from sandboxes.work_queue import (
     RECLAIM_DEFAULT_MS,
@@ -165,8 +167,9 @@ def _principal(request: HttpRequest) -> Any:
     return getattr(request, "principal", None)
 
 
-def _worker_credential_only(request: HttpRequest, what: str) -> None:
+def _worker_credential_only(request: HttpRequest, environment_id: str, what: str) -> None:
     if not isinstance(_principal(request), EnvironmentKeyPrincipal):
+        self_hosted_environment(environment_id)  # a missing one is a 404 first, as another workspace's is
         raise PermissionDenied(
             f"{what} takes the environment's key (Authorization: Bearer wbek_...), not an API key; create one with "
             "`manage.py environment_key create ENV_ID` or POST /v1/environments/{id}/keys."
@@ -186,7 +189,7 @@ def _api_key_only(request: HttpRequest, what: str) -> None:
 @router.get("/environments/{environment_id}/work/poll", response={200: Work | None, **WORK_ERRORS})
 def work_poll_route(request: HttpRequest, environment_id: str, query: Query[PollQuery]) -> Any:
     """A work item for this worker with its `secret`, or JSON `null` when none arrived within `block_ms`."""
-    _worker_credential_only(request, "Polling")
+    _worker_credential_only(request, environment_id, "Polling")
     worker_id = (request.headers.get("Anthropic-Worker-ID") or "")[:200]
     handed = work_poll(
         environment_id,
@@ -205,7 +208,7 @@ def work_stats_route(request: HttpRequest, environment_id: str) -> dict[str, Any
 @router.get("/environments/{environment_id}/work", response={200: WorkList, **WORK_ERRORS})
 def work_list_route(request: HttpRequest, environment_id: str, query: Query[WorkListQuery]) -> dict[str, Any]:
     """The environment's work items, newest first (the environment key only, as the SDK documents)."""
-    _worker_credential_only(request, "Listing work items")
+    _worker_credential_only(request, environment_id, "Listing work items")
     work_stats(environment_id)  # a 404 or 400 for an environment that is not a self-hosted one
     items = WorkItem.objects.filter(environment_id=environment_id)
     page = keyset_page(items, query.page, order="desc", limit=query.limit)
@@ -283,7 +286,7 @@ _KEYS = "A Workbench extension (the SDK has no route for it); takes an API key."
 )
 def keys_create(request: HttpRequest, environment_id: str, body: KeyCreate) -> dict[str, Any]:
     _api_key_only(request, "Creating an environment key")
-    key, raw = environment_key_create(environment_id, name=body.name)
+    key, raw = environment_key_create(environment_id, name=body.name, actor=caller(request).actor)
     return environment_key_json(key, raw=raw)
 
 
@@ -308,4 +311,4 @@ def keys_revoke(
     request: HttpRequest, environment_id: str, key_id: str, body: Empty | None = None
 ) -> dict[str, Any]:
     _api_key_only(request, "Revoking an environment key")
-    return environment_key_json(environment_key_revoke(environment_id, key_id))
+    return environment_key_json(environment_key_revoke(environment_id, key_id, actor=caller(request).actor))

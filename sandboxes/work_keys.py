@@ -20,6 +20,8 @@ from django.utils import timezone
 from kernel.api.errors import AuthenticationFailed
 from kernel.errors import Invalid, NotFound
 from kernel.models import hash_key
+from kernel.tenancy import audit
+from sandboxes.environments import EnvironmentNotFound
 from sandboxes.models import Environment, EnvironmentKey, WorkItem
 
 ENVIRONMENT_KEY_PREFIX = "wbek_"
@@ -39,7 +41,7 @@ def self_hosted_environment(environment_id: str) -> Environment:
     """The live self-hosted environment (a 404 for none, a 400 for a cloud one): what has a queue and keys."""
     environment = Environment.objects.live().filter(id=environment_id).first()
     if environment is None:
-        raise NotFound("environment", environment_id)
+        raise EnvironmentNotFound(environment_id)
     if environment.config.get("type") != "self_hosted":
         raise Invalid(
             f"Environment {environment_id} is not self-hosted (its config type is "
@@ -49,7 +51,9 @@ def self_hosted_environment(environment_id: str) -> Environment:
     return environment
 
 
-def environment_key_create(environment_id: str, *, name: str = "") -> tuple[EnvironmentKey, str]:
+def environment_key_create(
+    environment_id: str, *, name: str = "", actor: str = "system"
+) -> tuple[EnvironmentKey, str]:
     """A new key for the self-hosted environment, and the key itself: it is not stored, so show it now."""
     environment = self_hosted_environment(environment_id)
     if environment.archived_at is not None:
@@ -60,17 +64,26 @@ def environment_key_create(environment_id: str, *, name: str = "") -> tuple[Envi
     key = EnvironmentKey.objects.create(
         environment=environment, name=name, prefix=raw[:12], key_hash=hash_key(raw)
     )
+    audit(environment.workspace_id, actor, "environment_key.created", key.id, environment=environment.id)
     return key, raw
 
 
-def environment_key_revoke(environment_id: str, key_id: str) -> EnvironmentKey:
+def environment_key_revoke(environment_id: str, key_id: str, *, actor: str = "system") -> EnvironmentKey:
     """Revoke the key (at once: its next request is refused). Revoking it again changes nothing."""
-    key = EnvironmentKey.objects.filter(id=key_id, environment_id=environment_id).first()
+    key = (
+        EnvironmentKey.objects.select_related("environment")
+        .filter(id=key_id, environment_id=environment_id)
+        .first()
+    )
     if key is None:
+        self_hosted_environment(environment_id)  # no such environment is what to say first
         raise NotFound("environment key", key_id, f"Environment {environment_id} has no key {key_id!r}.")
     if key.revoked_at is None:
         key.revoked_at = timezone.now()
         key.save(update_fields=["revoked_at"])
+        audit(
+            key.environment.workspace_id, actor, "environment_key.revoked", key.id, environment=environment_id
+        )
     return key
 
 
@@ -118,6 +131,7 @@ class EnvironmentKeyPrincipal:
 
     key_id: str
     environment_id: str
+    workspace_id: str
     name: str
 
     @property
@@ -157,6 +171,7 @@ class SessionsTokenPrincipal:
 
     work_id: str
     environment_id: str
+    workspace_id: str
     session_id: str | None
     token_hash: str
     state: str
@@ -211,7 +226,7 @@ def resolve_bearer(raw: str) -> EnvironmentKeyPrincipal | SessionsTokenPrincipal
 
 
 def _environment_key(raw: str) -> EnvironmentKeyPrincipal:
-    key = EnvironmentKey.objects.filter(key_hash=hash_key(raw)).first()
+    key = EnvironmentKey.objects.select_related("environment").filter(key_hash=hash_key(raw)).first()
     if key is None:
         raise AuthenticationFailed(
             "This environment key is not known (mistyped, or from another installation). Create one with "
@@ -225,12 +240,17 @@ def _environment_key(raw: str) -> EnvironmentKeyPrincipal:
     now = timezone.now()
     if key.last_used_at is None or now - key.last_used_at > _LAST_USED_RESOLUTION:
         EnvironmentKey.objects.filter(pk=key.pk).update(last_used_at=now)
-    return EnvironmentKeyPrincipal(key_id=key.id, environment_id=key.environment_id, name=key.name)
+    return EnvironmentKeyPrincipal(
+        key_id=key.id,
+        environment_id=key.environment_id,
+        workspace_id=key.environment.workspace_id,
+        name=key.name,
+    )
 
 
 def _sessions_token(raw: str) -> SessionsTokenPrincipal:
     work_id = _work_id_of(raw)
-    item = WorkItem.objects.filter(id=work_id).first() if work_id else None
+    item = WorkItem.objects.select_related("environment").filter(id=work_id).first() if work_id else None
     hashed = hash_key(raw)
     if item is None or not (
         hashed == item.token_hash
@@ -246,6 +266,7 @@ def _sessions_token(raw: str) -> SessionsTokenPrincipal:
     return SessionsTokenPrincipal(
         work_id=item.id,
         environment_id=item.environment_id,
+        workspace_id=item.environment.workspace_id,
         session_id=item.session_id,
         token_hash=hashed,
         state=item.state,

@@ -145,6 +145,7 @@ def _current_state(item: WorkItem) -> dict[str, Any]:
 def get_work(environment_id: str, work_id: str) -> WorkItem:
     item = WorkItem.objects.filter(id=work_id, environment_id=environment_id).first()
     if item is None:
+        self_hosted_environment(environment_id)  # no such environment is what to say first
         raise NotFound("work item", work_id, f"Environment {environment_id} has no work item {work_id!r}.")
     return item
 
@@ -324,6 +325,7 @@ def _locked(environment_id: str, work_id: str) -> WorkItem:
     """The item, locked until the caller's transaction ends (SQLite locks the database on the first write)."""
     item = WorkItem.objects.select_for_update().filter(id=work_id, environment_id=environment_id).first()
     if item is None:
+        self_hosted_environment(environment_id)  # no such environment is what to say first
         raise NotFound("work item", work_id, f"Environment {environment_id} has no work item {work_id!r}.")
     return item
 

@@ -28,6 +28,9 @@ class Session(models.Model):
         TERMINATED = "terminated"
 
     id = models.CharField(primary_key=True, max_length=40, default=partial(new_id, "sesn"), editable=False)
+    workspace = models.ForeignKey(
+        "workbench.Workspace", on_delete=models.PROTECT, related_name="+", editable=False
+    )
     agent = models.ForeignKey("harness.Agent", on_delete=models.PROTECT, related_name="sessions")
     agent_version = models.PositiveIntegerField()
     agent_snapshot = models.JSONField(help_text="The resolved agent this session runs.")

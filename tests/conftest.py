@@ -19,7 +19,7 @@ from django.db import connection
 
 from harness.agents import agent_create
 from harness.services.lifecycle import session_create
-from kernel.models import ApiKey, hash_key
+from kernel.keys import api_key_create
 from sandboxes.environments import environment_create
 from vault import crypto
 
@@ -34,6 +34,25 @@ os.environ.pop("VAULT_KEYS", None)
 os.environ.pop("VAULT_KEY_FILE", None)
 django_settings.VAULT_PUBLIC_KEYS = os.environ["VAULT_PUBLIC_KEYS"]
 django_settings.VAULT_KEYS = django_settings.VAULT_KEY_FILE = ""
+
+
+@pytest.fixture(autouse=True)
+def _default_workspace(request: pytest.FixtureRequest, _django_db_marker: None) -> None:
+    """The default workspace, which a migration makes, for every test with the database: transactional
+    tests flush every table after them, that row too."""
+    names = request.fixturenames
+    if request.node.get_closest_marker("django_db") is None:
+        if "transactional_db" in names or "live_server_url" in names:
+            request.getfixturevalue("transactional_db")
+        elif "db" in names:
+            request.getfixturevalue("db")
+        else:
+            return
+    from kernel.models import DEFAULT_WORKSPACE_ID, DEFAULT_WORKSPACE_SLUG, Workspace
+
+    Workspace.objects.get_or_create(
+        id=DEFAULT_WORKSPACE_ID, defaults={"slug": DEFAULT_WORKSPACE_SLUG, "name": "Default"}
+    )
 
 
 def require(condition: bool, reason: str) -> None:
@@ -118,9 +137,8 @@ def vault_keyring() -> crypto.Keyring:
 
 @pytest.fixture
 def api_key(db: Any) -> str:
-    raw = ApiKey.generate()
-    ApiKey.objects.create(name="test", prefix=raw[:12], key_hash=hash_key(raw))
-    return raw
+    """A full key of the default workspace."""
+    return api_key_create(name="test")[1]
 
 
 @pytest.fixture

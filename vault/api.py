@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 
+from kernel.api.edge import caller
 from kernel.api.pagination import keyset_page
 from kernel.api.schemas import ERRORS, Body, Deleted, Metadata, MetadataPatch, Page, Timestamp
 from vault.models import Credential as CredentialRow
@@ -36,8 +37,8 @@ Secret = Annotated[str, Field(min_length=1, max_length=16_384, json_schema_extra
 
 
 def actor_of(request: HttpRequest) -> str:
-    key = getattr(request, "api_key", None)
-    return f"api key {key.name} ({key.id})" if key is not None else "api"
+    """Who the audit trail and the log say did it: the request's key (or narrower credential)."""
+    return caller(request).actor
 
 
 # -- request bodies: the create and update unions of `auth`
@@ -229,12 +230,12 @@ def _given_auth(body: Body) -> dict[str, Any]:
 
 @router.post("/vaults", response={200: Vault, **ERRORS})
 def vaults_create(request: HttpRequest, body: VaultCreate) -> dict[str, Any]:
-    return vault_json(vault_create(**body.given()))
+    return vault_json(vault_create(workspace_id=caller(request).workspace_id, **body.given()))
 
 
 @router.get("/vaults", response={200: VaultList, **ERRORS})
 def vaults_list(request: HttpRequest, query: Query[ListQuery]) -> dict[str, Any]:
-    vaults = VaultRow.objects.live()
+    vaults = VaultRow.objects.live().filter(workspace_id=caller(request).workspace_id)
     if not query.include_archived:
         vaults = vaults.filter(archived_at__isnull=True)
     page = keyset_page(vaults, query.page, order="desc", limit=query.limit)

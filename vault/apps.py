@@ -11,3 +11,13 @@ class VaultConfig(AppConfig):
         from vault.egress.placeholders import register
 
         register()
+
+        from kernel.tenancy import add_owner, workspace_lookup
+        from vault.models import Vault
+        from vault.services import VaultNotFound
+
+        add_owner(
+            "vault_id",
+            workspace_of=workspace_lookup(Vault),
+            missing=VaultNotFound,
+        )

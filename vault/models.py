@@ -23,6 +23,9 @@ class Vault(models.Model):
     """A named set of credentials a session can be given (the /v1 vault)."""
 
     id = models.CharField(primary_key=True, max_length=40, default=partial(new_id, "vlt"), editable=False)
+    workspace = models.ForeignKey(
+        "workbench.Workspace", on_delete=models.PROTECT, related_name="+", editable=False
+    )
     display_name = models.CharField(max_length=255)
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from kernel.api.validation import check_metadata, patch_metadata
 from kernel.errors import Closed, Conflict, Invalid, NotFound, Unavailable
+from kernel.models import DEFAULT_WORKSPACE_ID
 from vault import crypto, rules
 from vault.models import Credential, CredentialUse, RepositorySecret, Vault
 
@@ -35,10 +36,15 @@ def audit(action: str, *, actor: str, allowed: bool = True, detail: str = "", **
 # --- Vaults ----------------------------------------------------------------------------------------------
 
 
+class VaultNotFound(NotFound):
+    def __init__(self, vault_id: str):
+        super().__init__("vault", vault_id)
+
+
 def get_vault(vault_id: str) -> Vault:
     vault = Vault.objects.live().filter(id=vault_id).first()
     if vault is None:
-        raise NotFound("vault", vault_id)
+        raise VaultNotFound(vault_id)
     return vault
 
 
@@ -54,8 +60,12 @@ def vault_json(vault: Vault) -> dict[str, Any]:
     }
 
 
-def vault_create(*, display_name: str, metadata: dict[str, str] | None = None) -> Vault:
-    return Vault.objects.create(display_name=display_name, metadata=dict(check_metadata(metadata or {})))
+def vault_create(
+    *, display_name: str, metadata: dict[str, str] | None = None, workspace_id: str = DEFAULT_WORKSPACE_ID
+) -> Vault:
+    return Vault.objects.create(
+        workspace_id=workspace_id, display_name=display_name, metadata=dict(check_metadata(metadata or {}))
+    )
 
 
 class VaultChanges(TypedDict, total=False):
@@ -100,7 +110,7 @@ def vault_delete(vault_id: str, *, actor: str) -> dict[str, str]:
 def _locked_vault(vault_id: str) -> Vault:
     vault = Vault.objects.select_for_update().filter(id=vault_id, deleted_at__isnull=True).first()
     if vault is None:
-        raise NotFound("vault", vault_id)
+        raise VaultNotFound(vault_id)
     return vault
 
 
@@ -111,10 +121,11 @@ def _open_vault(vault_id: str) -> Vault:
     return vault
 
 
-def usable_vault_ids(vault_ids: list[str], where: str = "vault_ids") -> list[str]:
-    """`vault_ids` as a session may take them: each names a live vault that is not archived, once."""
+def usable_vault_ids(vault_ids: list[str], workspace_id: str, where: str = "vault_ids") -> list[str]:
+    """`vault_ids` as a session may take them: each names a live vault of the session's workspace that is not
+    archived, once (another workspace's vault is answered as a missing one)."""
     ids = list(dict.fromkeys(vault_ids))
-    found = {v.id: v for v in Vault.objects.live().filter(id__in=ids)}
+    found = {v.id: v for v in Vault.objects.live().filter(id__in=ids, workspace_id=workspace_id)}
     for index, vault_id in enumerate(ids):
         vault = found.get(vault_id)
         if vault is None:

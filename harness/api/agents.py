@@ -17,6 +17,7 @@ from harness.api.schemas import (
 )
 from harness.models import Agent as AgentRow
 from harness.models import AgentVersion
+from kernel.api.edge import caller
 from kernel.api.pagination import decode_cursor, encode_cursor, keyset_page
 from kernel.api.schemas import ERRORS
 
@@ -25,12 +26,12 @@ router = Router(tags=["agents"])
 
 @router.post("/agents", response={200: Agent, **ERRORS})
 def agents_create(request: HttpRequest, body: AgentCreate) -> dict[str, Any]:
-    return agent_json(agent_create(**body.given()))
+    return agent_json(agent_create(workspace_id=caller(request).workspace_id, **body.given()))
 
 
 @router.get("/agents", response={200: AgentList, **ERRORS})
 def agents_list(request: HttpRequest, query: Query[AgentsQuery]) -> dict[str, Any]:
-    agents = AgentRow.objects.all()
+    agents = AgentRow.objects.filter(workspace_id=caller(request).workspace_id)
     if not query.include_archived:
         agents = agents.filter(archived_at__isnull=True)
     for op, value in query.created_ranges().items():

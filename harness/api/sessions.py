@@ -39,7 +39,7 @@ from harness.services.resources import (
     session_resource_update,
     session_resources_list,
 )
-from kernel.api.edge import credential_recheck
+from kernel.api.edge import caller, credential_recheck
 from kernel.api.pagination import decode_cursor, encode_cursor, keyset_page
 from kernel.api.schemas import ERRORS, Deleted
 from kernel.errors import Invalid
@@ -55,12 +55,14 @@ router = Router(tags=["sessions"])
 
 @router.post("/sessions", response={200: Session, **ERRORS})
 def sessions_create(request: HttpRequest, body: SessionCreate) -> dict[str, Any]:
-    return session_json(session_create(**body.given(), actor=actor_of(request)))
+    return session_json(
+        session_create(**body.given(), actor=actor_of(request), workspace_id=caller(request).workspace_id)
+    )
 
 
 @router.get("/sessions", response={200: SessionList, **ERRORS})
 def sessions_list(request: HttpRequest, query: Query[SessionsQuery]) -> dict[str, Any]:
-    sessions = SessionRow.objects.live()
+    sessions = SessionRow.objects.live().filter(workspace_id=caller(request).workspace_id)
     if not query.include_archived:
         sessions = sessions.filter(archived_at__isnull=True)
     if query.agent_id:

@@ -266,7 +266,9 @@ def run_hand_tool(brain: Brain, name: str, value: dict[str, Any]) -> tuple[str, 
         if name == "release_sandbox":
             sandbox_terminate(hand.id, emit=brain.emit)
             return f"Released sandbox {hand.name!r}.", False
-        sandbox = sandbox_transfer(hand.id, value["to_session"], emit=brain.emit)
+        sandbox = sandbox_transfer(
+            hand.id, value["to_session"], emit=brain.emit, actor=f"the agent of session {brain.session_id}"
+        )
         return (
             f"Passed sandbox {hand.name!r} to session {value['to_session']} (named {sandbox.name!r} there).",
             False,

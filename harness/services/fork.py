@@ -37,6 +37,7 @@ def session_fork(
         validate_harness_name(harness)
     with transaction.atomic():
         fork = Session.objects.create(
+            workspace_id=origin.workspace_id,
             agent_id=origin.agent_id,
             agent_version=origin.agent_version,
             agent_snapshot=origin.agent_snapshot,

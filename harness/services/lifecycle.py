@@ -9,7 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from harness.agent_config import normalise_agent_config
-from harness.agents import get_agent_version
+from harness.agents import AgentNotFound, get_agent_version
 from harness.brain import Outcome, has_pending_work, settle
 from harness.fold import fold, result_key
 from harness.harnesses import pending
@@ -20,7 +20,9 @@ from harness.tasks import queue_wake
 from kernel.api.validation import check_metadata, expect, no_unknown_fields, patch_metadata, text
 from kernel.errors import Closed, Invalid
 from kernel.ids import new_id
-from sandboxes.environments import get_environment
+from kernel.models import DEFAULT_WORKSPACE_ID
+from kernel.tenancy import check_same
+from sandboxes.environments import EnvironmentNotFound, get_environment
 from sandboxes.work import work_ensure, work_stop_for_session
 from sessions import events
 from sessions.event_types import validate_sendable
@@ -67,7 +69,7 @@ SNAPSHOT_FIELDS = (
 OVERRIDABLE = ("model", "system", "tools", "mcp_servers", "skills")
 
 
-def _resolve_agent(value: Any) -> tuple[str, int, dict[str, Any]]:
+def _resolve_agent(value: Any, workspace_id: str) -> tuple[str, int, dict[str, Any]]:
     if isinstance(value, str):
         value = {"type": "agent", "id": value}
     expect(value, dict, "'agent'")
@@ -81,6 +83,7 @@ def _resolve_agent(value: Any) -> tuple[str, int, dict[str, Any]]:
     if version_number is not None:
         expect(version_number, int, "'agent.version'")
     version = get_agent_version(agent_id, version_number)
+    check_same(workspace_id, version.agent.workspace_id, AgentNotFound(agent_id))
     if version.agent.archived_at is not None:
         raise Invalid(f"Agent {agent_id} is archived; sessions cannot start from it.")
     config = version.config
@@ -244,13 +247,15 @@ def session_create(
     vault_ids: list[str] | None = None,
     budget: dict[str, Any] | None = None,
     actor: str = "api",
+    workspace_id: str = DEFAULT_WORKSPACE_ID,
 ) -> Session:
     """A session of `agent` (an id, or a reference with a version and overrides) in the environment.
 
     Its repositories' tokens are sealed into the vault in the same transaction, never stored with the
     resources; `actor` is who the audit trail says set them."""
-    agent_id, version, snapshot = _resolve_agent(agent)
+    agent_id, version, snapshot = _resolve_agent(agent, workspace_id)
     environment = get_environment(environment_id)
+    check_same(workspace_id, environment.workspace_id, EnvironmentNotFound(environment_id))
     if environment.archived_at is not None:
         raise Closed(
             f"Environment {environment_id} is archived; sessions cannot start in it.",
@@ -268,6 +273,7 @@ def session_create(
     _check_skills(snapshot, environment.config or {})
     with transaction.atomic():
         session = Session.objects.create(
+            workspace_id=workspace_id,
             agent_id=agent_id,
             agent_version=version,
             agent_snapshot=snapshot,
@@ -275,7 +281,7 @@ def session_create(
             title=title,
             metadata=dict(check_metadata(metadata or {})),
             resources=stored,
-            vault_ids=usable_vault_ids(vault_ids or []),
+            vault_ids=usable_vault_ids(vault_ids or [], workspace_id),
             budget=_budget(budget),
         )
         seal_tokens(session.id, tokens, actor=actor)
@@ -310,7 +316,9 @@ def session_update(session_id: str, **changes: Unpack[SessionChanges]) -> Sessio
         if "budget" in changes:
             session.budget = changed["budget"] = _budget(changes["budget"])
         if "vault_ids" in changes:
-            session.vault_ids = changed["vault_ids"] = usable_vault_ids(changes["vault_ids"] or [])
+            session.vault_ids = changed["vault_ids"] = usable_vault_ids(
+                changes["vault_ids"] or [], session.workspace_id
+            )
         if "agent" in changes:
             if session.status == Session.Status.RUNNING:
                 raise Invalid(f"Session {session_id} is running; change its agent when it is idle.")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from inspect import iscoroutinefunction
@@ -20,7 +21,12 @@ from typing import Any, Literal, get_args, get_origin
 
 from channels.db import database_sync_to_async
 from django.conf import settings
-from django.core.exceptions import DisallowedHost, RequestDataTooBig, SuspiciousOperation
+from django.core.exceptions import (
+    DisallowedHost,
+    ImproperlyConfigured,
+    RequestDataTooBig,
+    SuspiciousOperation,
+)
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.urls import URLPattern
 from ninja import NinjaAPI
@@ -44,6 +50,7 @@ from kernel.api.validation import MAX_BODY_DEPTH, check_body, check_text, descri
 from kernel.auth import Principal, api_key_from_headers, principal_from_token, raw_bearer
 from kernel.errors import DomainError
 from kernel.models import ApiKey
+from kernel.tenancy import Caller, check_path, unruled
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +85,46 @@ class ApiKeyAuth(APIKeyHeader):
         return None  # `authenticate` reads both headers itself
 
     def authenticate(self, request: HttpRequest, key: str | None) -> Any:
-        found = credential(request.headers, request.method or "GET", request.path)
+        method = request.method or "GET"
+        found = credential(request.headers, method, request.path)
+        if found is None:
+            return None
         request.api_key = found if isinstance(found, ApiKey) else None  # type: ignore[attr-defined]
         request.principal = None if isinstance(found, ApiKey) else found  # type: ignore[attr-defined]
+        caller = caller_of(found)
+        asked = request.headers.get(WORKSPACE_HEADER)
+        if asked and asked != caller.workspace_id:
+            raise PermissionDenied(
+                f"This credential belongs to workspace {caller.workspace_id}, not {asked!r}: send that "
+                f"workspace's key, or leave out the {WORKSPACE_HEADER} header."
+            )
+        if caller.read_only and method not in READ_METHODS:
+            raise PermissionDenied(
+                f"This API key is read-only: it may read, not {method} {request.path}. Use a full key of "
+                "the workspace to change anything."
+            )
+        check_path(caller, request.resolver_match.kwargs if request.resolver_match else {})
+        request.caller = caller  # type: ignore[attr-defined]
         return found
+
+
+WORKSPACE_HEADER = "anthropic-workspace-id"
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def caller_of(found: ApiKey | Principal) -> Caller:
+    if isinstance(found, ApiKey):
+        return Caller(
+            workspace_id=found.workspace_id,
+            actor=f"api key {found.name} ({found.prefix}…)",
+            read_only=found.read_only,
+        )
+    return Caller(workspace_id=found.workspace_id, actor=found.actor)
+
+
+def caller(request: HttpRequest) -> Caller:
+    """The authenticated caller of a /v1 request (set by `ApiKeyAuth`)."""
+    return request.caller  # type: ignore[attr-defined,no-any-return]
 
 
 _NO_KEY = (
@@ -314,6 +357,8 @@ def _finish(request: HttpRequest, response: HttpResponse) -> HttpResponse:
         error = MethodNotAllowed(f"{request.method} is not allowed on {request.path}; use {allowed}.")
         response = error_response(error, request.request_id)  # type: ignore[attr-defined]
     response["request-id"] = request.request_id  # type: ignore[attr-defined]
+    if (known := getattr(request, "caller", None)) is not None:
+        response[WORKSPACE_HEADER] = known.workspace_id  # the SDK reads it into an error's `workspace_id`
     return response
 
 
@@ -385,9 +430,15 @@ class Edge(NinjaAPI):
         for pattern in patterns:
             if isinstance(pattern, URLPattern) and pattern.name != "openapi-json":
                 pattern.callback = _guarded(pattern.callback)
+                if missing := unruled(_PATH_PARAM.findall(str(pattern.pattern))):
+                    raise ImproperlyConfigured(
+                        f"/v1/{pattern.pattern} names {', '.join(missing)}, which no workspace rule covers: "
+                        "register its owner (kernel.tenancy.add_owner) or its parent (CHILD_PARAMS)."
+                    )
         return _lookup_order(patterns), app_name, namespace
 
 
+_PATH_PARAM = re.compile(r"<(?:\w+:)?(\w+)>")
 _HOT = ("sessions/<session_id>/events", "sessions/<session_id>", "sessions", "")
 
 

@@ -78,10 +78,9 @@ def test_a_request_whose_first_try_is_still_running_gets_a_retryable_409(client,
 
 
 def test_a_key_of_another_api_key_is_not_shared(client, api_key):
-    from kernel.models import ApiKey, hash_key
+    from kernel.keys import api_key_create
 
-    other = ApiKey.generate()
-    ApiKey.objects.create(name="other", prefix=other[:12], key_hash=hash_key(other))
+    other = api_key_create(name="other")[1]
     body = {"name": "mine", "model": "claude-sonnet-5-5"}
     first = _post(client, api_key, "/v1/agents", body, key="shared")
     second = _post(client, other, "/v1/agents", body, key="shared")

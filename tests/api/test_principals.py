@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from kernel import auth
+from kernel.models import DEFAULT_WORKSPACE_ID
 
 pytestmark = pytest.mark.django_db
 
@@ -16,6 +17,7 @@ pytestmark = pytest.mark.django_db
 @dataclass
 class Scoped:
     session_id: str
+    workspace_id: str = DEFAULT_WORKSPACE_ID
 
     @property
     def actor(self) -> str:

@@ -450,6 +450,7 @@ def test_a_sessions_token_allows_its_sessions_stream_and_nothing_else_of_it():
     principal = SessionsTokenPrincipal(
         work_id="work_1",
         environment_id="env_1",
+        workspace_id="wrkspc_default",
         session_id="sesn_1",
         token_hash="h",
         state="active",

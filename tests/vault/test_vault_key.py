@@ -7,6 +7,7 @@ import io
 import pytest
 from django.core.management import CommandError, call_command
 
+from kernel.models import DEFAULT_WORKSPACE_ID
 from tests.conftest import make_session
 from vault import crypto
 from vault.models import Credential, CredentialUse, RepositorySecret, Vault
@@ -29,7 +30,7 @@ def test_init_rotate_and_retire(tmp_path, settings):
     first = crypto.keyring(private)
     settings.VAULT_PUBLIC_KEYS, settings.VAULT_PUBLIC_KEY_FILE = "", str(public)
 
-    vault = Vault.objects.create(display_name="v")
+    vault = Vault.objects.create(display_name="v", workspace_id=DEFAULT_WORKSPACE_ID)
     credential = Credential(vault=vault, kind="static_bearer", auth={"type": "static_bearer"}, mcp_server="x")
     credential.seal({"token": "secret-one"})
     credential.save()

@@ -8,10 +8,10 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from kernel.errors import DomainError
-from kernel.models import ApiKey
+from kernel.keys import api_key_create, api_key_revoke
+from kernel.models import DEFAULT_WORKSPACE_ID, ApiKey
 from workbench.ui.forms import ApiKeyForm
 from workbench.ui.http import operator_required, redirect_to, status_of
-from workbench.ui.services import api_key_create, api_key_revoke
 
 
 def _keys() -> list[ApiKey]:
@@ -31,7 +31,11 @@ def key_create(request: HttpRequest) -> HttpResponse:
     status = 400
     if form.is_valid():
         try:
-            key, raw = api_key_create(name=form.cleaned_data["name"], created_by=request.user)
+            key, raw = api_key_create(
+                name=form.cleaned_data["name"],
+                created_by=request.user,
+                actor=f"user {request.user.get_username()}",
+            )
         except DomainError as error:
             form.add_error(None, error.message)
         else:
@@ -47,7 +51,7 @@ def key_create(request: HttpRequest) -> HttpResponse:
 @operator_required
 def key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
     try:
-        api_key_revoke(key_id)
+        api_key_revoke(key_id, workspace_id=DEFAULT_WORKSPACE_ID, actor=f"user {request.user.get_username()}")
     except DomainError as error:
         return render(
             request,

@@ -1,0 +1,26 @@
+"""Every agent belongs to a workspace; those made before workspaces existed go to the default one."""
+
+import django.db.models.deletion
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("workbench", "0003_workspaces"),
+        ("harness", "0001_initial"),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name="agent",
+            name="workspace",
+            field=models.ForeignKey(
+                default="wrkspc_default",
+                editable=False,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="+",
+                to="workbench.workspace",
+            ),
+            preserve_default=False,
+        ),
+    ]

@@ -94,7 +94,10 @@ def operator() -> None:
     from django.contrib.auth.models import User
 
     User.objects.filter(username="bench").delete()
-    User.objects.create_user("bench", password=PASSWORD, is_staff=True)
+    from kernel.models import DEFAULT_WORKSPACE_ID, Membership
+
+    user = User.objects.create_user("bench", password=PASSWORD, is_staff=True)
+    Membership.objects.create(user=user, workspace_id=DEFAULT_WORKSPACE_ID, role=Membership.Role.OPERATOR)
 
 
 def long_session(length: int) -> str:

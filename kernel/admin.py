@@ -1,6 +1,11 @@
 from django.contrib import admin
 
 from kernel.models import ApiKey, AuditEntry, Membership, Workspace
+from kernel.tenancy import audit
+
+
+def _actor(request):
+    return f"user {request.user.get_username()}"
 
 
 @admin.register(ApiKey)
@@ -11,6 +16,12 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):  # keys are made by createapikey or the API keys page
         return False
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if "revoked_at" in form.changed_data:
+            action = "api_key.revoked" if obj.revoked_at else "api_key.restored"
+            audit(obj.workspace_id, _actor(request), action, f"{obj.name} ({obj.prefix}…)")
 
 
 class MembershipInline(admin.TabularInline):
@@ -23,6 +34,22 @@ class WorkspaceAdmin(admin.ModelAdmin):
     list_display = ("slug", "name", "id", "created_at")
     readonly_fields = ("id", "created_at")
     inlines = [MembershipInline]
+
+    def save_formset(self, request, form, formset, change):
+        """Members added, changed or removed go to the audit log as the admin's."""
+        if formset.model is not Membership:
+            return super().save_formset(request, form, formset, change)
+        members = formset.save(commit=False)
+        for member in formset.deleted_objects:
+            audit(member.workspace_id, _actor(request), "member.removed", member.user.get_username())
+            member.delete()
+        for member in members:
+            added = member.pk is None
+            member.save()
+            action = "member.added" if added else "member.role_changed"
+            audit(member.workspace_id, _actor(request), action, member.user.get_username(), role=member.role)
+        formset.save_m2m()
+        return None
 
 
 @admin.register(AuditEntry)

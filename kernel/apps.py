@@ -7,3 +7,18 @@ class KernelConfig(AppConfig):
     # existing databases (workbench_apikey, the migration history) as they are.
     label = "workbench"
     verbose_name = "Workbench"
+
+    def ready(self) -> None:
+        from kernel.errors import NotFound
+        from kernel.models import ApiKey
+        from kernel.tenancy import add_owner
+
+        def workspace_of(key_id: str) -> str | None:
+            if not key_id.isdigit():
+                return None
+            found: str | None = (
+                ApiKey.objects.filter(pk=int(key_id)).values_list("workspace_id", flat=True).first()
+            )
+            return found
+
+        add_owner("api_key_id", workspace_of=workspace_of, missing=lambda key_id: NotFound("API key", key_id))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernel.errors import Invalid, NotFound
-from kernel.models import DEFAULT_WORKSPACE_ID, AuditEntry, Workspace
+from kernel.models import DEFAULT_WORKSPACE_ID, AuditEntry, Membership, Workspace
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,11 @@ def add_owner(
     _owners[param] = Owner(workspace_of, missing)
 
 
+def owner(param: str) -> Owner | None:
+    """The rule for a path parameter, if an app registered one."""
+    return _owners.get(param)
+
+
 def workspace_lookup(model: Any) -> Callable[[str], str | None]:
     """An owner's `workspace_of` for a model with a `workspace` field: None when no row has the id."""
 
@@ -87,6 +92,27 @@ def check_same(caller_workspace: str, workspace: str, missing: NotFound) -> None
     """For an object a body names (an agent, an environment, a vault, a session to pass hands to)."""
     if workspace != caller_workspace:
         raise missing
+
+
+ROLE_RANK = {Membership.Role.VIEWER: 0, Membership.Role.OPERATOR: 1, Membership.Role.ADMIN: 2}
+
+
+def role_of(user: Any, workspace_id: str) -> str | None:
+    """A person's role in a workspace: a superuser is an admin of every one; an active staff user their
+    membership's role; anyone else none (the workspace's objects answer as missing ones)."""
+    if not (user.is_authenticated and user.is_active and user.is_staff):
+        return None
+    if user.is_superuser:
+        return Membership.Role.ADMIN
+    role: str | None = (
+        Membership.objects.filter(user=user, workspace_id=workspace_id).values_list("role", flat=True).first()
+    )
+    return role
+
+
+def may(role: str | None, needed: str) -> bool:
+    """Whether `role` is at least `needed` (viewer < operator < admin)."""
+    return role is not None and ROLE_RANK[Membership.Role(role)] >= ROLE_RANK[Membership.Role(needed)]
 
 
 def workspace_by_slug(slug: str, *, create: bool = False) -> Workspace:

@@ -18,7 +18,7 @@ from ninja import Field, Query, Router, Schema
 from kernel.api.edge import caller
 from kernel.api.errors import ApiError, PermissionDenied
 from kernel.api.pagination import keyset_page
-from kernel.api.schemas import ERRORS, Body, ErrorEnvelope, MetadataPatch, Page, Timestamp
+from kernel.api.schemas import ERRORS, Body, Empty, ErrorEnvelope, MetadataPatch, Page, Timestamp
 from sandboxes.models import WorkItem
 from sandboxes.work_keys import (
     EnvironmentKeyPrincipal,
@@ -125,10 +125,6 @@ class HeartbeatQuery(Schema):
 
 class WorkListQuery(Page):
     limit: int = Field(20, ge=1, le=100)
-
-
-class Empty(Body):
-    """No fields: the SDK sends these POSTs with an empty body."""
 
 
 class WorkStop(Body):

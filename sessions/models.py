@@ -103,6 +103,8 @@ class Event(models.Model):
     processed_at = models.DateTimeField()
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 - NULLs stay out of the unique key
     lease_epoch = models.BigIntegerField(null=True, blank=True)
+    # Who sent it, for events a person or a key sends ("user alice", "api key ci (wbk_…)"); "" for the platform's.
+    actor = models.CharField(max_length=200, blank=True, default="")
 
     objects = EventQuerySet.as_manager()
 

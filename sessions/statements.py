@@ -40,7 +40,7 @@ _OPEN = f"{S.deleted_at} IS NULL AND {S.archived_at} IS NULL AND {S.status} <> {
 
 INSERT_COLUMNS = (
     f"({E.uid}, {E.session}, {E.seq}, {E.type}, {E.payload}, {E.processed_at}, {E.idempotency_key}, "
-    f"{E.lease_epoch})"
+    f"{E.lease_epoch}, {E.actor})"
 )
 
 
@@ -74,7 +74,7 @@ def _append(keyed: bool) -> str:
         f"RETURNING {S.next_seq}), "
         f"inserted AS (INSERT INTO {E.table} {INSERT_COLUMNS} "
         f"SELECT r.uid, %(session)s, bump.{S.next_seq} - %(count)s + r.n - 1, r.type, r.payload, %(now)s, "
-        "r.key, %(epoch)s::bigint FROM bump, unnest(%(uids)s::text[], %(types)s::text[], %(payloads)s::jsonb[], "
+        "r.key, %(epoch)s::bigint, %(actor)s FROM bump, unnest(%(uids)s::text[], %(types)s::text[], %(payloads)s::jsonb[], "
         "%(event_keys)s::text[]) WITH ORDINALITY AS r(uid, type, payload, key, n) "
         f"RETURNING {E.id}, {E.seq}) "
         f"SELECT (SELECT {S.next_seq} FROM bump), ARRAY(SELECT {E.id} FROM inserted ORDER BY {E.seq})"
@@ -106,7 +106,7 @@ def used_keys(count: int) -> str:
 
 
 def insert(count: int) -> str:
-    rows = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * count)
+    rows = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s)"] * count)
     return f"INSERT INTO {E.table} {INSERT_COLUMNS} VALUES {rows} RETURNING {E.id}"
 
 

@@ -274,3 +274,13 @@ def brain_worker(live_server_url: str, offline_model: Any) -> Iterator[subproces
     env = child_env(ANTHROPIC_BASE_URL=offline_model.base_url, MODEL_RETRY_BASE_SECONDS="0.05")
     with celery_worker(env) as process:
         yield process
+
+
+def operator_of(user, role: str = "admin", workspace_id: str | None = None):
+    """Make `user` (an operator: staff) a member of a workspace, the default one unless told; returns the user."""
+    from kernel.models import DEFAULT_WORKSPACE_ID, Membership
+
+    Membership.objects.update_or_create(
+        user=user, workspace_id=workspace_id or DEFAULT_WORKSPACE_ID, defaults={"role": role}
+    )
+    return user

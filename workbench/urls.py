@@ -4,6 +4,7 @@ from django.urls import include, path
 from harness.api.agents import router as agents
 from harness.api.sessions import router as sessions
 from kernel.api.edge import Edge
+from kernel.api.keys import router as api_keys
 from sandboxes.api import router as environments
 from sandboxes.work_api import router as work
 from vault.api import router as vaults
@@ -18,6 +19,7 @@ api.add_router("", environments)
 api.add_router("", work)
 api.add_router("", sessions)
 api.add_router("", vaults)
+api.add_router("", api_keys)
 
 urlpatterns = [
     path("v1/", api.urls),

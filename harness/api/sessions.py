@@ -88,7 +88,7 @@ def sessions_retrieve(request: HttpRequest, session_id: str) -> dict[str, Any]:
 
 @router.post("/sessions/{session_id}", response={200: Session, **ERRORS})
 def sessions_update(request: HttpRequest, session_id: str, body: SessionUpdate) -> dict[str, Any]:
-    return session_json(session_update(session_id, **body.given()))
+    return session_json(session_update(session_id, actor=actor_of(request), **body.given()))
 
 
 @router.delete("/sessions/{session_id}", response={200: Deleted, **ERRORS})
@@ -177,7 +177,8 @@ def events_list(request: HttpRequest, session_id: str, query: Query[EventsQuery]
 
 @router.post("/sessions/{session_id}/events", response={200: EventList, **ERRORS}, tags=["events"])
 def events_send(request: HttpRequest, session_id: str, body: EventsSend) -> dict[str, Any]:
-    return {"data": [event.as_api() for event in session_send_events(session_id, events=body.events)]}
+    sent = session_send_events(session_id, events=body.events, actor=actor_of(request))
+    return {"data": [event.as_api() for event in sent]}
 
 
 _SSE = {

@@ -66,6 +66,7 @@ def session_fork(
                         type=row.type,
                         payload=row.payload,
                         processed_at=row.processed_at,
+                        actor=row.actor,
                     )
                     for row in rows
                 ]

@@ -21,7 +21,7 @@ from kernel.api.validation import check_metadata, expect, no_unknown_fields, pat
 from kernel.errors import Closed, Invalid
 from kernel.ids import new_id
 from kernel.models import DEFAULT_WORKSPACE_ID
-from kernel.tenancy import check_same
+from kernel.tenancy import audit, check_same
 from sandboxes.environments import EnvironmentNotFound, get_environment
 from sandboxes.work import work_ensure, work_stop_for_session
 from sessions import events
@@ -179,8 +179,10 @@ def queue_wake_if_pending(session_id: str) -> None:
         _queue_wake(session_id)
 
 
-def _append_user_events(session_id: str, events: list[dict[str, Any]], *, open_only: bool) -> list[Event]:
-    """A user's events in one append, which sets the session running when they give its brain work and
+def _append_user_events(
+    session_id: str, events: list[dict[str, Any]], *, open_only: bool, actor: str
+) -> list[Event]:
+    """A user's events in one append, recording who sent them (`actor`), which sets the session running when they give its brain work and
     queues its wake once they are committed.
 
     A tool result is written with the key every result of that call is written with (`result_key`), so of a
@@ -199,6 +201,7 @@ def _append_user_events(session_id: str, events: list[dict[str, Any]], *, open_o
         status=Session.Status.RUNNING if kinds & RUNNING_TYPES else None,
         open_only=open_only,
         then=partial(_wake, session_id) if kinds & WAKING_TYPES else None,
+        actor=actor,
     )
     ids = [event.get("id") for event, key in items if key is not None]
     if ids and not set(ids) <= {event.uid for event in written}:
@@ -219,8 +222,8 @@ def _check_open(session_id: str) -> None:
         raise SessionClosed(session_id, "terminated")
 
 
-def session_send_events(session_id: str, *, events: list[dict[str, Any]]) -> list[Event]:
-    """All the events or none: each is checked before any is written.
+def session_send_events(session_id: str, *, events: list[dict[str, Any]], actor: str = "") -> list[Event]:
+    """All the events or none: each is checked before any is written; `actor` is who sent them.
 
     They go in with one append, which also sets the session running when they give its brain work, and
     which an archived or terminated session refuses. The events they refer to are checked first: the log
@@ -233,7 +236,7 @@ def session_send_events(session_id: str, *, events: list[dict[str, Any]]) -> lis
         # A missing or closed session is what to report, not a reference it cannot hold.
         _check_open(session_id)
         _check_references(session_id, events)
-    return _append_user_events(session_id, events, open_only=True)
+    return _append_user_events(session_id, events, open_only=True, actor=actor)
 
 
 def session_create(
@@ -286,7 +289,7 @@ def session_create(
         )
         seal_tokens(session.id, tokens, actor=actor)
         if initial:
-            _append_user_events(session.id, initial, open_only=False)
+            _append_user_events(session.id, initial, open_only=False, actor=actor)
             session.refresh_from_db()
     return session
 
@@ -300,8 +303,9 @@ class SessionChanges(TypedDict, total=False):
     harness: str | None
 
 
-def session_update(session_id: str, **changes: Unpack[SessionChanges]) -> Session:
-    """Change what was given; a new agent configuration or harness waits for the session to be idle."""
+def session_update(session_id: str, *, actor: str = "system", **changes: Unpack[SessionChanges]) -> Session:
+    """Change what was given; a new agent configuration or harness waits for the session to be idle. A
+    harness switch goes to the audit log as `actor`'s."""
     with transaction.atomic():
         session = Session.objects.live().select_for_update().filter(id=session_id).first()
         if session is None:
@@ -339,6 +343,7 @@ def session_update(session_id: str, **changes: Unpack[SessionChanges]) -> Sessio
             emit_event(session.id, events.session_updated(**changed))
         if switch is not None:
             emit_event(session.id, events.harness_switched(switch))
+            audit(session.workspace_id, actor, "session.harness_switched", session.id, harness=switch)
     return session
 
 

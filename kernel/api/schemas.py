@@ -63,6 +63,10 @@ class CreatedRange(Schema):
         return ranges
 
 
+class Empty(Body):
+    """No fields: the SDK sends these POSTs with an empty body (`{}`)."""
+
+
 class Page(Schema):
     page: str | None = Field(None, description="The next_page or prev_page of an earlier response.")
 

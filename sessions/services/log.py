@@ -108,6 +108,7 @@ class _Append:
     epoch: int | None
     status: str | None
     open_only: bool
+    actor: str = ""
 
     @property
     def keys(self) -> list[str]:
@@ -134,6 +135,7 @@ def emit_events(
     status: str | None = None,
     open_only: bool = False,
     then: Callable[[], None] | None = None,
+    actor: str = "",
 ) -> list[Event]:
     """Append several events at consecutive seqs, all or none, with the statements of one append.
 
@@ -142,7 +144,8 @@ def emit_events(
     (status events set their own). With `open_only` (a user's events) an archived or terminated session
     refuses the append (`SessionClosed`, nothing written). `then` runs once new events are committed,
     before subscribers are told (a user's message queues the wake of its brain there: the brain's first
-    token is what the user waits for, and telling subscribers competes with it for this process).
+    token is what the user waits for, and telling subscribers competes with it for this process). `actor`
+    is who sent the events, for a person's or a key's.
     """
     rows = []
     for event, key in items:
@@ -152,7 +155,7 @@ def emit_events(
         body.pop("processed_at", None)
         rows.append((event_type, uid, body, key))
     db = connections[DEFAULT_DB_ALIAS]
-    append = _Append(session_id, rows, timezone.now(), epoch, status or _final_status(rows), open_only)
+    append = _Append(session_id, rows, timezone.now(), epoch, status or _final_status(rows), open_only, actor)
     try:
         if db.vendor == "postgresql" and not db.in_atomic_block:
             # Alone, an append is its own transaction: run it on psycopg's, skipping Django's bookkeeping.
@@ -216,6 +219,7 @@ def _append_at_once(db: Any, append: _Append) -> tuple[Appended, Any]:
                 "types": [kind for kind, *_ in rows],
                 "payloads": [Jsonb(body) for _, _, body, _ in rows],
                 "event_keys": [key for *_, key in rows],
+                "actor": append.actor,
             },
         ).fetchall()
     except psycopg.errors.UniqueViolation:
@@ -264,7 +268,17 @@ def _append(db: Any, append: _Append) -> tuple[Appended, Any]:
     params: list[Any] = []
     for offset, (kind, uid, body, key) in enumerate(rows):
         payload = Jsonb(body) if db.vendor == "postgresql" else json.dumps(body)
-        params += [uid, session_id, first + offset, kind, payload, append.now, key, append.epoch]
+        params += [
+            uid,
+            session_id,
+            first + offset,
+            kind,
+            payload,
+            append.now,
+            key,
+            append.epoch,
+            append.actor,
+        ]
     ids = fetch(statements.insert(count), params)
     return Appended.NEW, _events(db, append, first, [pk for (pk,) in ids])
 
@@ -309,6 +323,7 @@ def _events(db: Any, append: _Append, first: int, ids: list[int]) -> list[Event]
             processed_at=append.now,
             idempotency_key=key,
             lease_epoch=append.epoch,
+            actor=append.actor,
         )
         event._state.adding = False
         event._state.db = db.alias

@@ -15,7 +15,7 @@ from django.contrib.auth.models import User
 
 from sessions.models import Event
 from tests.api.test_api import assert_error, new_session, user_message
-from tests.conftest import make_session
+from tests.conftest import make_session, operator_of
 
 pytestmark = pytest.mark.django_db
 
@@ -212,7 +212,7 @@ def test_a_nul_in_a_query_parameter_name_is_a_400(api):
 
 @pytest.fixture
 def operator(client):
-    client.force_login(User.objects.create_user("op", password="x", is_staff=True))
+    client.force_login(operator_of(User.objects.create_user("op", password="x", is_staff=True)))
     return client
 
 

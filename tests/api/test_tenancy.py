@@ -15,7 +15,7 @@ from django.core.management import call_command
 
 from harness.models import Agent
 from kernel.keys import api_key_create
-from kernel.models import AuditEntry, Workspace
+from kernel.models import ApiKey, AuditEntry, Workspace
 from sandboxes.models import Environment, EnvironmentKey, Sandbox, WorkItem
 from sandboxes.work import work_ensure
 from sessions.models import Event, Session
@@ -73,6 +73,7 @@ def _objects(call: Caller, workspace_id: str) -> dict[str, str]:
         "key_id": key,
         "work_id": work_ensure(worked),
         "sandbox_id": sandbox.id,
+        "api_key_id": str(api_key_create(name="spare", workspace_id=workspace_id)[0].pk),
     }
 
 
@@ -123,7 +124,8 @@ def _state() -> tuple[int, ...]:
         for model in (Agent, Environment, Session, Vault, Credential)
     )
     work = tuple(WorkItem.objects.order_by("id").values_list("state", flat=True))
-    return (*counted, *map(hash, changed), *map(hash, work))
+    keys = (ApiKey.objects.count(), ApiKey.objects.filter(revoked_at__isnull=False).count())
+    return (*counted, *keys, *map(hash, changed), *map(hash, work))
 
 
 def test_another_workspaces_objects_are_404_as_if_missing_on_every_route(two):

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, require
+from tests.conftest import ROOT, operator_of, require
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -84,7 +84,7 @@ def page(browser: Any, request: Any) -> Iterator[Any]:
 def operator(transactional_db: Any) -> Any:
     from django.contrib.auth.models import User
 
-    return User.objects.create_user("operator", password=PASSWORD, is_staff=True)
+    return operator_of(User.objects.create_user("operator", password=PASSWORD, is_staff=True))
 
 
 def log_in(

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_an_api_key_is_shown_once_works_and_stops_working_when_revoked(page, live_server_url, operator):
     base = live_server_url
     log_in(page, base, then="/keys/")
-    expect(page.locator("#keys tbody")).to_contain_text("No API keys yet")
+    expect(page.locator("#keys tbody")).to_contain_text("No API keys in default yet")
     page.fill("#keys input[name=name]", "ci")
     page.click("#keys button:has-text('Create key')")
     raw = page.locator("#new-key").input_value()
@@ -36,6 +36,15 @@ def test_an_api_key_is_shown_once_works_and_stops_working_when_revoked(page, liv
     expect(page.locator("#keys tbody")).to_contain_text("revoked")
     assert httpx.get(f"{base}/v1/agents", headers={"x-api-key": raw}).status_code == 401
     screenshot(page, "keys")
+
+    page.fill("#keys input[name=name]", "dashboard")
+    page.check("#keys input[name=read_only]")
+    page.click("#keys button:has-text('Create key')")
+    reader = page.locator("#new-key").input_value()
+    expect(page.locator("#keys tbody tr", has_text=reader[:12])).to_contain_text("read-only")
+    assert httpx.get(f"{base}/v1/agents", headers={"x-api-key": reader}).status_code == 200
+    refused = httpx.post(f"{base}/v1/agents", headers={"x-api-key": reader}, json={"name": "a", "model": "m"})
+    assert refused.status_code == 403 and refused.json()["error"]["type"] == "permission_error"
 
 
 def test_agents_and_environments_are_created_edited_and_archived_with_the_problem_named(

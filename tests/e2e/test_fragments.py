@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from sessions.services import emit_event
-from tests.conftest import make_session
+from tests.conftest import make_session, operator_of
 from workbench.ui.views.timeline import parse_slice
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def operator_client(client):
-    client.force_login(User.objects.create_user("op", password="x", is_staff=True))
+    client.force_login(operator_of(User.objects.create_user("op", password="x", is_staff=True)))
     return client
 
 

@@ -352,6 +352,7 @@ def test_the_prepared_append_finds_used_keys_by_index_lookups_not_a_pass_over_th
         "types": "text[]",
         "payloads": "jsonb[]",
         "event_keys": "text[]",
+        "actor": "text",
     }
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")

@@ -236,6 +236,7 @@ class EnvironmentForm(forms.Form):
 
 class ApiKeyForm(forms.Form):
     name = forms.CharField(max_length=200, label="What is it for?")
+    read_only = forms.BooleanField(required=False, label="Read-only (refused every write)")
 
 
 class EnvironmentKeyForm(forms.Form):

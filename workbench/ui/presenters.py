@@ -92,6 +92,7 @@ class EventView:
     # The previous lease epoch when this event is the first written under a new one.
     epoch_from: int | None = None
     epoch_changed: bool = False
+    actor: str = ""  # who sent it: a person or a key (the platform's own events have none)
     text: str = ""
     detail: str = ""
     is_error: bool = False
@@ -171,6 +172,7 @@ def present(event: Event, *, answered: bool = False) -> EventView:
         epoch=event.lease_epoch,
         at=event.processed_at.strftime("%H:%M:%S"),
         at_ms=int(event.processed_at.timestamp() * 1000),
+        actor=event.actor,
     )
     view.compact = view.kind in ("status", "span")
     if view.kind == "other":

@@ -27,9 +27,12 @@ def _last_payload(session_ref: Any, event_type: str, key: str) -> Subquery:
     )
 
 
-def session_rows(*, status: str = "", agent_id: str = "", limit: int = 100) -> list[Session]:
-    """Sessions for the list, newest first, with their held sandboxes, usage and current harness."""
-    sessions: QuerySet[Session] = Session.objects.live()
+def session_rows(
+    workspace_id: str, *, status: str = "", agent_id: str = "", limit: int = 100
+) -> list[Session]:
+    """A workspace's sessions for the list, newest first, with their held sandboxes, usage and current
+    harness."""
+    sessions: QuerySet[Session] = Session.objects.live().filter(workspace_id=workspace_id)
     if status == "archived":
         sessions = sessions.filter(archived_at__isnull=False)
     else:
@@ -54,17 +57,19 @@ def session_rows(*, status: str = "", agent_id: str = "", limit: int = 100) -> l
     return list(sessions[:limit])
 
 
-def agent_choices() -> list[tuple[str, str]]:
-    """Live agents as (id, "name (vN)"), for pickers."""
+def agent_choices(workspace_id: str) -> list[tuple[str, str]]:
+    """A workspace's live agents as (id, "name (vN)"), for pickers."""
     latest = AgentVersion.objects.filter(agent=OuterRef("pk"), version=OuterRef("version")).values(
         "config__name"
     )
-    agents = Agent.objects.filter(archived_at__isnull=True).annotate(agent_name=Subquery(latest[:1]))
+    agents = Agent.objects.filter(workspace_id=workspace_id, archived_at__isnull=True).annotate(
+        agent_name=Subquery(latest[:1])
+    )
     return [(a.id, f"{a.agent_name} (v{a.version})") for a in agents]
 
 
-def environment_choices() -> list[tuple[str, str]]:
-    environments = Environment.objects.usable()
+def environment_choices(workspace_id: str) -> list[tuple[str, str]]:
+    environments = Environment.objects.usable().filter(workspace_id=workspace_id)
     return [(e.id, e.name) for e in environments]
 
 
@@ -161,26 +166,32 @@ def session_brain(session: Session) -> Brain:
     )
 
 
-def free_sandboxes() -> list[Sandbox]:
+def free_sandboxes(workspace_id: str) -> list[Sandbox]:
     return list(
-        Sandbox.objects.filter(session__isnull=True, status=Sandbox.Status.READY)
+        Sandbox.objects.filter(
+            session__isnull=True, status=Sandbox.Status.READY, environment__workspace_id=workspace_id
+        )
         .select_related("environment")
         .order_by("-created_at")
     )
 
 
-def transfer_targets(session_id: str, limit: int = 100) -> list[Session]:
-    """Sessions a sandbox could be passed to: live ones other than this one."""
+def transfer_targets(session: Session, limit: int = 100) -> list[Session]:
+    """Sessions a sandbox could be passed to: live ones of its workspace other than this one."""
     return list(
         Session.objects.live()
-        .filter(archived_at__isnull=True)
+        .filter(archived_at__isnull=True, workspace_id=session.workspace_id)
         .exclude(status=Session.Status.TERMINATED)
-        .exclude(id=session_id)[:limit]
+        .exclude(id=session.id)[:limit]
     )
 
 
-def all_sandboxes(*, include_ended: bool) -> list[Sandbox]:
-    sandboxes = Sandbox.objects.select_related("environment", "session").order_by("-created_at")
+def all_sandboxes(workspace_id: str, *, include_ended: bool) -> list[Sandbox]:
+    sandboxes = (
+        Sandbox.objects.filter(environment__workspace_id=workspace_id)
+        .select_related("environment", "session")
+        .order_by("-created_at")
+    )
     if not include_ended:
         sandboxes = sandboxes.exclude(status__in=[Sandbox.Status.TERMINATED, Sandbox.Status.DEAD])
     return list(sandboxes[:500])

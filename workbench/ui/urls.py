@@ -7,6 +7,7 @@ app_name = "ui"
 urlpatterns = [
     path("login/", account.login, name="login"),
     path("logout/", account.logout, name="logout"),
+    path("workspace", account.workspace_switch, name="workspace-switch"),
     path("static/<path:path>", account.static, name="static"),
     path("", sessions.session_list, name="sessions"),
     path("sessions/new", sessions.session_start, name="session-start"),

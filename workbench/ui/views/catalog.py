@@ -22,25 +22,27 @@ from sandboxes.environments import (
 )
 from sandboxes.models import Environment
 from workbench.ui.forms import AgentForm, EnvironmentForm
-from workbench.ui.http import operator_required, redirect_to
+from workbench.ui.http import OPERATOR, here, member, redirect_to
 from workbench.ui.views.work import is_self_hosted, queue_rows, self_hosted_context
 
 
-@operator_required
+@member()
 def agent_list(request: HttpRequest) -> HttpResponse:
     show_archived = request.GET.get("archived") == "1"
-    agents = Agent.objects.all() if show_archived else Agent.objects.filter(archived_at__isnull=True)
+    agents = Agent.objects.filter(workspace=here(request).workspace)
+    if not show_archived:
+        agents = agents.filter(archived_at__isnull=True)
     latest = {(v.agent_id, v.version): v for v in AgentVersion.objects.filter(agent__in=agents)}
     rows = [(agent, latest.get((agent.id, agent.version))) for agent in agents]
     return render(request, "ui/agents/list.html", {"rows": rows, "show_archived": show_archived})
 
 
-@operator_required
+@member(read=OPERATOR)
 def agent_new(request: HttpRequest) -> HttpResponse:
     form = AgentForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            version = agent_create(**form.service_args())
+            version = agent_create(workspace_id=here(request).workspace.id, **form.service_args())
         except DomainError as error:
             form.add_error(None, error.message)
         else:
@@ -49,7 +51,7 @@ def agent_new(request: HttpRequest) -> HttpResponse:
     return _agent_form(request, form, agent=None)
 
 
-@operator_required
+@member()
 def agent_edit(request: HttpRequest, agent_id: str) -> HttpResponse:
     try:
         current = get_agent_version(agent_id)
@@ -77,7 +79,7 @@ def _agent_form(request: HttpRequest, form: AgentForm, *, agent: AgentVersion | 
 
 
 @require_POST
-@operator_required
+@member()
 def agent_archive_view(request: HttpRequest, agent_id: str) -> HttpResponse:
     try:
         agent_archive(agent_id)
@@ -90,10 +92,10 @@ def agent_archive_view(request: HttpRequest, agent_id: str) -> HttpResponse:
     return redirect_to(request, reverse("ui:agents"))
 
 
-@operator_required
+@member()
 def environment_list(request: HttpRequest) -> HttpResponse:
     show_archived = request.GET.get("archived") == "1"
-    environments = Environment.objects.live()
+    environments = Environment.objects.live().filter(workspace=here(request).workspace)
     if not show_archived:
         environments = environments.filter(archived_at__isnull=True)
     return render(
@@ -103,12 +105,12 @@ def environment_list(request: HttpRequest) -> HttpResponse:
     )
 
 
-@operator_required
+@member(read=OPERATOR)
 def environment_new(request: HttpRequest) -> HttpResponse:
     form = EnvironmentForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            environment = environment_create(**form.service_args())
+            environment = environment_create(workspace_id=here(request).workspace.id, **form.service_args())
         except DomainError as error:
             form.add_error(None, error.message)
         else:
@@ -117,7 +119,7 @@ def environment_new(request: HttpRequest) -> HttpResponse:
     return _environment_form(request, form, environment=None)
 
 
-@operator_required
+@member()
 def environment_edit(request: HttpRequest, environment_id: str) -> HttpResponse:
     try:
         environment = get_environment(environment_id)
@@ -156,7 +158,7 @@ def _environment_form(
 
 
 @require_POST
-@operator_required
+@member()
 def environment_archive_view(request: HttpRequest, environment_id: str) -> HttpResponse:
     try:
         environment_archive(environment_id)

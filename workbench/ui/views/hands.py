@@ -22,7 +22,7 @@ from sandboxes.models import Sandbox
 from sandboxes.providers import SandboxError
 from workbench.ui import selectors
 from workbench.ui.forms import AttachForm, ProvisionForm, TransferForm
-from workbench.ui.http import operator_required, redirect_to, status_of
+from workbench.ui.http import here, member, redirect_to, status_of
 from workbench.ui.views.sessions import render_panel
 
 
@@ -49,7 +49,7 @@ def _held(session_id: str, sandbox_id: str) -> None:
 
 
 @require_POST
-@operator_required
+@member()
 def provision(request: HttpRequest, session_id: str) -> HttpResponse:
     form = ProvisionForm(request.POST)
     if not form.is_valid():
@@ -63,7 +63,7 @@ def provision(request: HttpRequest, session_id: str) -> HttpResponse:
 
 
 @require_POST
-@operator_required
+@member()
 def attach(request: HttpRequest, session_id: str) -> HttpResponse:
     form = AttachForm(request.POST)
     if not form.is_valid():
@@ -72,13 +72,15 @@ def attach(request: HttpRequest, session_id: str) -> HttpResponse:
     return _act(
         request,
         session_id,
-        lambda: sandbox_attach(data["sandbox"], session_id, name=data["name"] or None),
+        lambda: sandbox_attach(
+            data["sandbox"], session_id, name=data["name"] or None, actor=here(request).actor
+        ),
         lambda sandbox: f"Attached {sandbox.id} as {sandbox.name}.",
     )
 
 
 @require_POST
-@operator_required
+@member()
 def detach(request: HttpRequest, session_id: str, sandbox_id: str) -> HttpResponse:
     def action() -> Any:
         _held(session_id, sandbox_id)
@@ -90,7 +92,7 @@ def detach(request: HttpRequest, session_id: str, sandbox_id: str) -> HttpRespon
 
 
 @require_POST
-@operator_required
+@member()
 def transfer(request: HttpRequest, session_id: str, sandbox_id: str) -> HttpResponse:
     form = TransferForm(request.POST)
     if not form.is_valid():
@@ -98,7 +100,7 @@ def transfer(request: HttpRequest, session_id: str, sandbox_id: str) -> HttpResp
 
     def action() -> Any:
         _held(session_id, sandbox_id)
-        return sandbox_transfer(sandbox_id, form.cleaned_data["to_session"])
+        return sandbox_transfer(sandbox_id, form.cleaned_data["to_session"], actor=here(request).actor)
 
     return _act(
         request,
@@ -109,30 +111,33 @@ def transfer(request: HttpRequest, session_id: str, sandbox_id: str) -> HttpResp
 
 
 @require_POST
-@operator_required
+@member()
 def terminate(request: HttpRequest, session_id: str, sandbox_id: str) -> HttpResponse:
     def action() -> Any:
         _held(session_id, sandbox_id)
-        return sandbox_terminate(sandbox_id)
+        return sandbox_terminate(sandbox_id, actor=here(request).actor)
 
     return _act(request, session_id, action, lambda sandbox: f"Terminated {sandbox.id}.")
 
 
-@operator_required
+@member()
 def sandbox_list(request: HttpRequest) -> HttpResponse:
     include_ended = request.GET.get("all") == "1"
     return render(
         request,
         "ui/sandboxes/list.html",
-        {"sandboxes": selectors.all_sandboxes(include_ended=include_ended), "include_ended": include_ended},
+        {
+            "sandboxes": selectors.all_sandboxes(here(request).workspace.id, include_ended=include_ended),
+            "include_ended": include_ended,
+        },
     )
 
 
 @require_POST
-@operator_required
+@member()
 def sandbox_terminate_view(request: HttpRequest, sandbox_id: str) -> HttpResponse:
     try:
-        sandbox_terminate(sandbox_id)
+        sandbox_terminate(sandbox_id, actor=here(request).actor)
     except DomainError as error:
         return render(request, "ui/_error.html", {"error": error.message}, status=status_of(error))
     return redirect_to(request, reverse("ui:sandboxes"))

@@ -18,7 +18,7 @@ from sessions.selectors import get_session
 from sessions.services import SessionNotFound
 from workbench.ui import selectors
 from workbench.ui.forms import HarnessForm, StartSessionForm
-from workbench.ui.http import is_htmx, operator_required, redirect_to, status_of
+from workbench.ui.http import here, is_htmx, member, redirect_to, status_of
 from workbench.ui.presenters import preview_view
 
 # The timeline opens on this many events at the tail of the log.
@@ -32,19 +32,22 @@ def session_or_404(session_id: str) -> Session:
         raise Http404(f"No session with id {session_id!r}.") from None
 
 
-def _start_form(data: Any = None, *, agents: list[tuple[str, str]] | None = None) -> StartSessionForm:
+def _start_form(
+    request: HttpRequest, data: Any = None, *, agents: list[tuple[str, str]] | None = None
+) -> StartSessionForm:
+    workspace_id = here(request).workspace.id
     return StartSessionForm(
         data,
-        agents=selectors.agent_choices() if agents is None else agents,
-        environments=selectors.environment_choices(),
+        agents=selectors.agent_choices(workspace_id) if agents is None else agents,
+        environments=selectors.environment_choices(workspace_id),
     )
 
 
-@operator_required
+@member()
 def session_list(request: HttpRequest) -> HttpResponse:
     status, agent = request.GET.get("status", ""), request.GET.get("agent", "")
     context = {
-        "sessions": selectors.session_rows(status=status, agent_id=agent),
+        "sessions": selectors.session_rows(here(request).workspace.id, status=status, agent_id=agent),
         "status": status,
         "agent": agent,
         "statuses": [*selectors.STATUSES, "archived"],
@@ -52,18 +55,20 @@ def session_list(request: HttpRequest) -> HttpResponse:
     }
     if is_htmx(request) and request.headers.get("HX-Target") == "session-rows":
         return render(request, "ui/sessions/_rows.html", context)
-    agents = selectors.agent_choices()
-    context.update(form=_start_form(agents=agents), agents=agents, model=describe_model())
+    agents = selectors.agent_choices(here(request).workspace.id)
+    context.update(form=_start_form(request, agents=agents), agents=agents, model=describe_model())
     return render(request, "ui/sessions/list.html", context)
 
 
 @require_POST
-@operator_required
+@member()
 def session_start(request: HttpRequest) -> HttpResponse:
-    form = _start_form(request.POST)
+    form = _start_form(request, request.POST)
     if form.is_valid():
         try:
-            session = session_create(**form.service_args())
+            session = session_create(
+                **form.service_args(), workspace_id=here(request).workspace.id, actor=here(request).actor
+            )
         except DomainError as error:
             form.add_error(None, error.message)
         else:
@@ -78,14 +83,14 @@ def panel_context(session: Any, **extra: Any) -> dict[str, Any]:
         "brain": brain,
         "model": describe_model(),
         "hands": held(session.id),
-        "free": selectors.free_sandboxes(),
-        "targets": selectors.transfer_targets(session.id),
+        "free": selectors.free_sandboxes(session.workspace_id),
+        "targets": selectors.transfer_targets(session),
         "harness_form": HarnessForm(initial={"harness": brain.harness}),
         **extra,
     }
 
 
-@operator_required
+@member()
 def session_detail(request: HttpRequest, session_id: str) -> HttpResponse:
     session = session_or_404(session_id)
     timeline = selectors.timeline_slice(session.id, -TAIL, None)
@@ -102,7 +107,7 @@ def session_detail(request: HttpRequest, session_id: str) -> HttpResponse:
     )
 
 
-@operator_required
+@member()
 def session_panel(request: HttpRequest, session_id: str) -> HttpResponse:
     return render(request, "ui/sessions/_panel.html", panel_context(session_or_404(session_id)))
 
@@ -116,20 +121,20 @@ def render_panel(
 
 
 @require_POST
-@operator_required
+@member()
 def session_harness(request: HttpRequest, session_id: str) -> HttpResponse:
     form = HarnessForm(request.POST)
     if not form.is_valid():
         return render_panel(request, session_id, error="Choose one of the harnesses listed.", status=400)
     try:
-        session_update(session_id, harness=form.cleaned_data["harness"])
+        session_update(session_id, harness=form.cleaned_data["harness"], actor=here(request).actor)
     except DomainError as error:
         return render_panel(request, session_id, error=error.message, status=status_of(error))
     return render_panel(request, session_id, notice=f"The next turn runs on {form.cleaned_data['harness']}.")
 
 
 @require_POST
-@operator_required
+@member()
 def session_archive_view(request: HttpRequest, session_id: str) -> HttpResponse:
     try:
         session_archive(session_id)

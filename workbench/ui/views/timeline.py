@@ -17,7 +17,7 @@ from sessions.selectors import get_events
 from sessions.services import SessionNotFound
 from workbench.ui import selectors
 from workbench.ui.forms import ForkForm, SendEventForm
-from workbench.ui.http import operator_required, redirect_to, status_of
+from workbench.ui.http import here, member, redirect_to, status_of
 from workbench.ui.presenters import present
 from workbench.ui.views.sessions import session_or_404
 
@@ -49,7 +49,7 @@ def parse_slice(text: str) -> tuple[int | None, int | None]:
     return first, _int_or_none(stop, "slice stop")
 
 
-@operator_required
+@member()
 async def events_fragment(request: HttpRequest, session_id: str) -> HttpResponse:
     """Events [start:stop] as the timeline's <li> nodes: what the page loads as the operator scrolls,
     what it appends when the socket says new events exist, and what the replay player steps through.
@@ -98,7 +98,7 @@ def fragment(session_id: str, start: int | None, stop: int | None) -> tuple[int,
 
 
 @require_POST
-@operator_required
+@member()
 def send_event(request: HttpRequest, session_id: str) -> HttpResponse:
     """One user event from the composer or a call card. Success shows up through the socket."""
     form = SendEventForm(request.POST)
@@ -108,7 +108,7 @@ def send_event(request: HttpRequest, session_id: str) -> HttpResponse:
         message = " ".join(str(error) for errors in form.errors.values() for error in errors)
         return render(request, template, {"error": message, "call_id": call_id}, status=400)
     try:
-        session_send_events(session_id, events=[form.event()])
+        session_send_events(session_id, events=[form.event()], actor=here(request).actor)
     except DomainError as error:
         return render(
             request, template, {"error": error.message, "call_id": call_id}, status=status_of(error)
@@ -126,7 +126,7 @@ def send_event(request: HttpRequest, session_id: str) -> HttpResponse:
     )
 
 
-@operator_required
+@member()
 def replay(request: HttpRequest, session_id: str) -> HttpResponse:
     session = session_or_404(session_id)
     error = ""
@@ -154,7 +154,7 @@ def replay(request: HttpRequest, session_id: str) -> HttpResponse:
     )
 
 
-@operator_required
+@member()
 def fork(request: HttpRequest, session_id: str) -> HttpResponse:
     """GET: the form, for event `?at=N`. POST: fork — the new session holds copies of events [0:N]."""
     session = session_or_404(session_id)

@@ -23,11 +23,7 @@ from vault.services import (
     vault_create,
 )
 from workbench.ui.forms import CredentialForm, ReplaceSecretForm, VaultForm
-from workbench.ui.http import operator_required, redirect_to, status_of
-
-
-def _actor(request: HttpRequest) -> str:
-    return f"operator {request.user.get_username()}"
+from workbench.ui.http import ADMIN, here, member, redirect_to, status_of
 
 
 def _vault_or_404(vault_id: str) -> Vault:
@@ -37,7 +33,7 @@ def _vault_or_404(vault_id: str) -> Vault:
         raise Http404(f"No vault with id {vault_id!r}.") from None
 
 
-@operator_required
+@member(write=ADMIN)
 def vault_list(request: HttpRequest) -> HttpResponse:
     form = VaultForm(request.POST or None)
     status = 200
@@ -45,7 +41,9 @@ def vault_list(request: HttpRequest) -> HttpResponse:
         status = 400
         if form.is_valid():
             try:
-                vault = vault_create(display_name=form.cleaned_data["display_name"])
+                vault = vault_create(
+                    display_name=form.cleaned_data["display_name"], workspace_id=here(request).workspace.id
+                )
             except DomainError as error:
                 form.add_error(None, error.message)
                 status = status_of(error)
@@ -53,10 +51,14 @@ def vault_list(request: HttpRequest) -> HttpResponse:
                 messages.success(request, f"Created vault {vault.display_name} ({vault.id}).")
                 return redirect_to(request, reverse("ui:vault", args=[vault.id]))
     show_archived = request.GET.get("archived") == "1"
-    vaults = Vault.objects.live().annotate(
-        credential_count=Count(
-            "credentials",
-            filter=Q(credentials__deleted_at__isnull=True, credentials__archived_at__isnull=True),
+    vaults = (
+        Vault.objects.live()
+        .filter(workspace=here(request).workspace)
+        .annotate(
+            credential_count=Count(
+                "credentials",
+                filter=Q(credentials__deleted_at__isnull=True, credentials__archived_at__isnull=True),
+            )
         )
     )
     if not show_archived:
@@ -85,14 +87,14 @@ def _detail(request: HttpRequest, vault: Vault, **extra: Any) -> dict[str, Any]:
     }
 
 
-@operator_required
+@member(write=ADMIN)
 def vault_detail(request: HttpRequest, vault_id: str) -> HttpResponse:
     vault = _vault_or_404(vault_id)
     return render(request, "ui/vaults/detail.html", _detail(request, vault))
 
 
 @require_POST
-@operator_required
+@member(write=ADMIN)
 def credential_add(request: HttpRequest, vault_id: str) -> HttpResponse:
     vault = _vault_or_404(vault_id)
     form = CredentialForm(request.POST)
@@ -102,7 +104,7 @@ def credential_add(request: HttpRequest, vault_id: str) -> HttpResponse:
             credential = credential_create(
                 vault.id,
                 auth=form.auth(),
-                actor=_actor(request),
+                actor=here(request).actor,
                 display_name=form.cleaned_data["display_name"] or None,
             )
         except DomainError as error:
@@ -119,7 +121,7 @@ def credential_add(request: HttpRequest, vault_id: str) -> HttpResponse:
 
 
 @require_POST
-@operator_required
+@member(write=ADMIN)
 def credential_replace(request: HttpRequest, vault_id: str, credential_id: str) -> HttpResponse:
     vault = _vault_or_404(vault_id)
     form = ReplaceSecretForm(request.POST)
@@ -129,7 +131,7 @@ def credential_replace(request: HttpRequest, vault_id: str, credential_id: str) 
     if form.is_valid():
         auth = {"type": credential.kind, REPLACEABLE_SECRET[credential.kind]: form.cleaned_data["secret"]}
         try:
-            credential_update(vault.id, credential.id, actor=_actor(request), auth=auth)
+            credential_update(vault.id, credential.id, actor=here(request).actor, auth=auth)
         except DomainError as error:
             messages.error(request, error.message)
         else:
@@ -140,10 +142,10 @@ def credential_replace(request: HttpRequest, vault_id: str, credential_id: str) 
 
 
 @require_POST
-@operator_required
+@member(write=ADMIN)
 def credential_archive_view(request: HttpRequest, vault_id: str, credential_id: str) -> HttpResponse:
     try:
-        credential = credential_archive(vault_id, credential_id, actor=_actor(request))
+        credential = credential_archive(vault_id, credential_id, actor=here(request).actor)
     except NotFound:
         raise Http404(f"Vault {vault_id} has no credential {credential_id!r}.") from None
     messages.success(request, f"Archived {credential.display_name or credential.id}; it is no longer used.")
@@ -151,10 +153,10 @@ def credential_archive_view(request: HttpRequest, vault_id: str, credential_id: 
 
 
 @require_POST
-@operator_required
+@member(write=ADMIN)
 def vault_archive_view(request: HttpRequest, vault_id: str) -> HttpResponse:
     try:
-        vault = vault_archive(vault_id, actor=_actor(request))
+        vault = vault_archive(vault_id, actor=here(request).actor)
     except NotFound:
         raise Http404(f"No vault with id {vault_id!r}.") from None
     messages.success(request, f"Archived vault {vault.display_name}; sessions no longer get its credentials.")

@@ -19,7 +19,7 @@ from sandboxes.models import Environment, WorkItem, WorkPoller
 from sandboxes.work_keys import environment_key_create, environment_key_revoke, environment_keys
 from sandboxes.work_queue import POLLERS_WINDOW, work_stats
 from workbench.ui.forms import EnvironmentKeyForm
-from workbench.ui.http import operator_required, status_of
+from workbench.ui.http import ADMIN, here, member, status_of
 
 SELF_HOSTED = "self_hosted"
 ITEMS_PER_PAGE = 50
@@ -87,7 +87,7 @@ def _self_hosted_or_404(environment_id: str) -> Environment:
 
 
 @require_POST
-@operator_required
+@member(write=ADMIN)
 def environment_key_create_view(request: HttpRequest, environment_id: str) -> HttpResponse:
     environment = _self_hosted_or_404(environment_id)
     form = EnvironmentKeyForm(request.POST)
@@ -95,7 +95,9 @@ def environment_key_create_view(request: HttpRequest, environment_id: str) -> Ht
     status = 400
     if form.is_valid():
         try:
-            key, raw = environment_key_create(environment.id, name=form.cleaned_data["name"])
+            key, raw = environment_key_create(
+                environment.id, name=form.cleaned_data["name"], actor=here(request).actor
+            )
         except DomainError as error:
             form.add_error(None, error.message)
             status = status_of(error)
@@ -114,11 +116,11 @@ def environment_key_create_view(request: HttpRequest, environment_id: str) -> Ht
 
 
 @require_POST
-@operator_required
+@member(write=ADMIN)
 def environment_key_revoke_view(request: HttpRequest, environment_id: str, key_id: str) -> HttpResponse:
     environment = _self_hosted_or_404(environment_id)
     try:
-        key = environment_key_revoke(environment.id, key_id)
+        key = environment_key_revoke(environment.id, key_id, actor=here(request).actor)
     except DomainError as error:
         context = _keys_context(environment, error=error.message)
         return render(request, "ui/environments/_keys.html", context, status=status_of(error))

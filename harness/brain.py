@@ -236,7 +236,7 @@ def _fold_or_park(lease: Lease, known: Log | None) -> Log | None:
     try:
         return known_logs.extend(known, lease.events)
     except Exception:
-        if lease.attempts <= settings.WAKE_CRASH_LIMIT:
+        if lease.step_attempts <= settings.WAKE_CRASH_LIMIT:
             raise
         logger.exception(
             "the log of session %s cannot be folded; it is parked as it stands", lease.session_id

@@ -22,6 +22,8 @@ class Lease:
     epoch: int
     owner: str
     attempts: int  # wakes in a row that took the lease without a clean release, this one included
+    # Of those, the ones in a row on the same step (each died having written no progress): what parks it.
+    step_attempts: int
     # What a brain starts from, read by the same statement: the session's agent, its environment's config.
     agent: dict[str, Any]
     environment: dict[str, Any]
@@ -43,6 +45,7 @@ def lease_acquire(
         taken.epoch,
         owner,
         taken.attempts,
+        taken.step_attempts,
         agent=taken.agent,
         environment=taken.environment,
         events=taken.events,

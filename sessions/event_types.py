@@ -53,6 +53,20 @@ MANAGED_AGENTS_TYPES = frozenset(
         "workflow_run.phase_ended",
     ]
 )
+
+# What a brain writes only once a step has done something (the model answered, a call was made or settled): a
+# wake that died after writing one of these made progress, so the next crash is not the same step's. What a
+# wake writes before its step (brain.recovered, a request's start, its error closing) is not progress.
+PROGRESS_TYPES = (
+    "agent.message",
+    "agent.thinking",
+    "agent.tool_use",
+    "agent.tool_result",
+    "agent.mcp_tool_use",
+    "agent.mcp_tool_result",
+    "agent.custom_tool_use",
+    "agent.thread_context_compacted",
+)
 # Workbench's own event types, each under a prefix of its own (listed in the README's event table).
 WORKBENCH_TYPES = frozenset(
     [

@@ -52,6 +52,8 @@ class Session(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     # Wakes that took the lease and have not yet reached a clean release: a crash counter.
     wake_attempts = models.PositiveIntegerField(default=0)
+    # Of those wakes, the ones in a row that died on the same step (none wrote progress): what parks a session.
+    wake_step_attempts = models.PositiveIntegerField(default=0)
     # When the sweeper last queued a wake for this session; taking the lease clears it (one queued at a time).
     wake_queued_at = models.DateTimeField(null=True, blank=True)
     forked_from = models.ForeignKey(

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.db import models
 
+from sessions.event_types import PROGRESS_TYPES
 from sessions.models import Event, Session
 
 
@@ -134,15 +135,28 @@ def interrupted(count: int) -> str:
 LEASE_EVENT_FIELDS = [field.attname for field in Event._meta.concrete_fields]
 
 
+_PROGRESS = ", ".join(f"'{kind}'" for kind in PROGRESS_TYPES)
+# The wakes in a row that died on the same step: after a wake that died (the counters not reset by a clean
+# release), one more, unless that wake made progress (wrote an event of PROGRESS_TYPES under its epoch: the
+# epoch before this take's), and then this is the first attempt at a new step. The look at the log runs only
+# after a crash: it reads the session's events by its (session, seq) index.
+_STEP_ATTEMPTS = (
+    f"CASE WHEN {S.wake_attempts} > 0 AND EXISTS (SELECT 1 FROM {E.table} p WHERE p.{E.session} = {S.table}.{S.id} "
+    f"AND p.{E.lease_epoch} = {S.table}.{S.lease_epoch} AND p.{E.type} IN ({_PROGRESS})) THEN 1 "
+    f"ELSE {S.wake_step_attempts} + 1 END"
+)
+
+
 def _lease_take(returning: str) -> str:
     """The lease, taken only if free (or lapsed) on an open session, with what a brain starts from: one
     statement, since the ORM's update returns no row."""
     return (
         f"UPDATE {S.table} SET {S.lease_epoch} = {S.lease_epoch} + 1, {S.lease_owner} = %s, "
-        f"{S.lease_expires_at} = %s, {S.wake_attempts} = {S.wake_attempts} + 1, {S.wake_queued_at} = NULL "
+        f"{S.lease_expires_at} = %s, {S.wake_attempts} = {S.wake_attempts} + 1, "
+        f"{S.wake_step_attempts} = {_STEP_ATTEMPTS}, {S.wake_queued_at} = NULL "
         f"WHERE {S.id} = %s AND {_OPEN} "
         f"AND ({S.lease_expires_at} IS NULL OR {S.lease_expires_at} < %s) "
-        f"RETURNING {returning}{S.lease_epoch}, {S.wake_attempts}, {S.agent_snapshot}, "
+        f"RETURNING {returning}{S.lease_epoch}, {S.wake_attempts}, {S.wake_step_attempts}, {S.agent_snapshot}, "
         f"(SELECT {V.config} FROM {V.table} e WHERE e.{V.id} = {S.table}.{S.environment}) AS environment"
     )
 
@@ -152,7 +166,7 @@ LEASE_TAKE = _lease_take("")
 # its first model call. The read sees the log as the statement began.
 LEASE_TAKE_AND_READ = (
     f"WITH lease AS ({_lease_take(f'{S.id}, ')}) SELECT lease.{S.lease_epoch}, lease.{S.wake_attempts}, "
-    f"lease.{S.agent_snapshot}, lease.environment, "
+    f"lease.{S.wake_step_attempts}, lease.{S.agent_snapshot}, lease.environment, "
     f"{', '.join(f'ev.{field.column}' for field in Event._meta.concrete_fields)} FROM lease LEFT JOIN "
     f"{E.table} ev ON ev.{E.session} = lease.{S.id} AND ev.{E.seq} > %s ORDER BY ev.{E.seq}"
 )
@@ -161,5 +175,7 @@ LEASE_TAKE_AND_READ = (
 LEASE_RENEW = f"UPDATE {S.table} SET {S.lease_expires_at} = %s WHERE {S.id} = %s AND {S.lease_epoch} = %s"
 LEASE_RELEASE = (
     f"UPDATE {S.table} SET {S.lease_expires_at} = NULL, {S.lease_owner} = '', {S.wake_attempts} = "
-    f"CASE WHEN %s THEN 0 ELSE {S.wake_attempts} END WHERE {S.id} = %s AND {S.lease_epoch} = %s"
+    f"CASE WHEN %(clean)s THEN 0 ELSE {S.wake_attempts} END, {S.wake_step_attempts} = "
+    f"CASE WHEN %(clean)s THEN 0 ELSE {S.wake_step_attempts} END "
+    f"WHERE {S.id} = %(session)s AND {S.lease_epoch} = %(epoch)s"
 )

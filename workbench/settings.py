@@ -176,8 +176,12 @@ MODEL_RETRY_BASE_SECONDS = env.float("MODEL_RETRY_BASE_SECONDS", default=0.5)
 # sweeper runs every SWEEP_SECONDS and re-wakes sessions whose lease expired with work pending.
 LEASE_SECONDS = env.float("LEASE_SECONDS", default=10.0)
 SWEEP_SECONDS = env.float("SWEEP_SECONDS", default=2.0)
-# A session whose wakes die this many times in a row is parked with a session.error.
+# A session whose wakes die this many times in a row on the same step (no progress written between the
+# crashes) is parked with a session.error; crashes with progress between them start the count again.
 WAKE_CRASH_LIMIT = env.int("WAKE_CRASH_LIMIT", default=3)
+# Before the third and later attempts at a step that killed its brain: this, doubling (one crash is retried
+# at once: it is most often bad luck, and the resume it would slow is what users wait for).
+WAKE_CRASH_BACKOFF_SECONDS = env.float("WAKE_CRASH_BACKOFF_SECONDS", default=1.0)
 # How often a working brain looks for a user.interrupt (seconds).
 INTERRUPT_POLL_SECONDS = env.float("INTERRUPT_POLL_SECONDS", default=0.2)
 TOOL_TIMEOUT_SECONDS = env.float("TOOL_TIMEOUT_SECONDS", default=120.0)

@@ -20,8 +20,8 @@ assert set(HARNESSES) == set(HARNESS_DESCRIPTIONS), "every harness needs a descr
 
 def harness_for(brain: Brain) -> Harness:
     """The session's harness: the last `brain.harness_switched` in its log, else the agent's own (the agent
-    comes with the lease). After too many wakes in a row died, the one that parks the session."""
-    if brain.lease.attempts > settings.WAKE_CRASH_LIMIT:
+    comes with the lease). After too many wakes in a row died on the same step, the one that parks the session."""
+    if brain.lease.step_attempts > settings.WAKE_CRASH_LIMIT:
         return ParkingHarness()
     agent = brain.lease.agent
     name = brain.state.harness or agent.get("harness") or "claude"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -415,11 +416,26 @@ class Recover:
         ).run(brain)
 
 
+def crash_backoff(attempts: int) -> float:
+    """How long the `attempts`-th wake in a row on one step waits before it tries the step again: nothing for
+    the first retry, then WAKE_CRASH_BACKOFF_SECONDS, doubling."""
+    if attempts < 3:
+        return 0.0
+    return float(settings.WAKE_CRASH_BACKOFF_SECONDS * 2 ** (attempts - 3))
+
+
 @dataclass
 class RecordRecovery:
-    """The first step of a wake that follows wakes which died: say so, and what woke this one."""
+    """The first step of a wake that follows wakes which died: wait out the backoff if the same step killed
+    more than one (an interrupt or a lost lease cuts it short), then say so, and what woke this one."""
 
     def run(self, brain: Brain) -> None:
+        pause = crash_backoff(brain.lease.step_attempts)
+        if pause:
+            woken = threading.Event()
+            brain.begin_cancellable(woken.set)
+            woken.wait(pause)  # an interrupt or the lease's loss sets it; a lost lease then refuses the emit
+            brain.set_cancel_hook(None)
         brain.emit(
             events.brain_recovered(
                 woken_by=brain.woken_by, epoch=brain.epoch, unfinished_wakes=brain.lease.attempts - 1
@@ -452,7 +468,8 @@ def parked_notice(*, unfinished_wakes: int) -> list[dict[str, Any]]:
     """What a parked session's log says before its idle: the user's error, and the parking."""
     limit = settings.WAKE_CRASH_LIMIT
     message = (
-        f"The brain working this session stopped unexpectedly {limit} times in a row; the session is parked. "
+        f"The brain working this session stopped unexpectedly {limit} times in a row at the same step; the "
+        "session is parked. "
         "Send a new message to try again."
     )
     return [

@@ -21,6 +21,7 @@ from sessions.selectors import events_after
 class Taken(NamedTuple):
     epoch: int
     attempts: int  # wakes in a row that took the lease without a clean release, this one included
+    step_attempts: int  # of those, the ones in a row on the same step (each died with no progress)
     agent: dict[str, Any]
     environment: dict[str, Any]
     events: list[Event]  # with `read_after`: the log after that seq, in order, as of taking the lease
@@ -39,15 +40,15 @@ def session_lease_take(
             rows = cursor.fetchall()
             if not rows:
                 return None
-            events = _events([row[4:] for row in rows if row[4] is not None])
+            events = _events([row[5:] for row in rows if row[5] is not None])
         else:
             cursor.execute(statements.LEASE_TAKE, params)
             rows = cursor.fetchall()
             if not rows:
                 return None
             events = [] if read_after is None else events_after(session_id, read_after, limit=None)
-    epoch, attempts, agent, environment = rows[0][:4]
-    return Taken(epoch, attempts, _json(agent), _json(environment) or {}, events)
+    epoch, attempts, step_attempts, agent, environment = rows[0][:5]
+    return Taken(epoch, attempts, step_attempts, _json(agent), _json(environment) or {}, events)
 
 
 def session_lease_renew(session_id: str, epoch: int, *, seconds: float) -> bool:
@@ -60,9 +61,9 @@ def session_lease_renew(session_id: str, epoch: int, *, seconds: float) -> bool:
 
 
 def session_lease_release(session_id: str, epoch: int, *, clean: bool) -> bool:
-    """Free the lease; a clean release (the brain reached idle) also resets the crash counter."""
+    """Free the lease; a clean release (the brain reached idle) also resets the crash counters."""
     with connection.cursor() as cursor:
-        cursor.execute(statements.LEASE_RELEASE, [clean, session_id, epoch])
+        cursor.execute(statements.LEASE_RELEASE, {"clean": clean, "session": session_id, "epoch": epoch})
         return cursor.rowcount == 1
 
 

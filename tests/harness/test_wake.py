@@ -137,3 +137,58 @@ def test_the_watcher_tells_a_brain_of_an_interrupt_after_its_floor_and_of_a_lost
             assert stale.done.wait(5) and stale.told == ["lose_lease"]
         finally:
             watcher().remove(stale)
+
+
+def test_crashes_with_progress_between_them_are_bad_luck_and_only_the_same_step_counts():
+    session_id = make_session()
+    message(session_id, "hello")
+    for _ in range(4):  # each wake got somewhere (the model answered) before it died
+        dead = crash(session_id)
+        emit_event(
+            session_id, {"type": "agent.message", "content": events.text_content("part")}, epoch=dead.epoch
+        )
+    lease = lease_acquire(session_id, owner="me", seconds=60)
+    assert lease is not None and (lease.attempts, lease.step_attempts) == (5, 1)
+    lease_release(lease)
+
+    other = make_session()
+    message(other, "hello")
+    for _ in range(3):  # each died on the same step: what it wrote only began that step again
+        dead = crash(other)
+        emit_event(other, events.model_request_start(through_seq=0), epoch=dead.epoch)
+    lease = lease_acquire(other, owner="me", seconds=60)
+    assert lease is not None and (lease.attempts, lease.step_attempts) == (4, 4)
+    lease_release(lease)
+    assert Session.objects.filter(id=other, wake_attempts=0, wake_step_attempts=0).exists()
+
+
+def test_the_backoff_lets_one_crash_retry_at_once_then_doubles():
+    from harness.harnesses.steps import crash_backoff
+
+    with override_settings(WAKE_CRASH_BACKOFF_SECONDS=0.5):
+        assert [crash_backoff(n) for n in (1, 2, 3, 4, 5)] == [0.0, 0.0, 0.5, 1.0, 2.0]
+
+
+def test_an_interrupt_cuts_a_backoff_short(model_url):
+    session_id = make_session()
+    message(session_id, "hello")
+    crash(session_id)
+    crash(session_id)  # the third wake on this step waits before trying it
+    outcome: list[Outcome] = []
+    with override_settings(WAKE_CRASH_BACKOFF_SECONDS=600, WAKE_CRASH_LIMIT=5):
+        thread = threading.Thread(target=lambda: outcome.append(run_brain(session_id)))
+        thread.start()
+        deadline = time.monotonic() + 30
+        while (
+            not Session.objects.filter(id=session_id, lease_owner__gt="").exclude(lease_owner="dead").exists()
+        ):
+            assert time.monotonic() < deadline, "the third wake never took the lease"
+            time.sleep(0.05)
+        emit_event(session_id, {"type": "user.interrupt"})
+        thread.join(timeout=60)
+    assert not thread.is_alive(), "the interrupt did not end the backoff"
+    assert outcome == [Outcome.IDLE]
+    types = [e.type for e in get_events(session_id)]
+    # It waited (until the interrupt) before it tried the step again: its recovery is written after it.
+    assert types.index("brain.recovered") > types.index("user.interrupt")
+    assert types[-1] == "session.status_idle"

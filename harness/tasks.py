@@ -20,13 +20,12 @@ from sessions.models import Session
 logger = logging.getLogger(__name__)
 
 
-@shared_task(
-    acks_late=True,
-    reject_on_worker_lost=True,
-    ignore_result=True,
-    time_limit=settings.CELERY_TASK_TIME_LIMIT,
-    soft_time_limit=settings.CELERY_TASK_SOFT_TIME_LIMIT,
-)
+# No time limit: a turn may rightly work for hours (a long model stream, tool call after tool call), and a
+# limit would kill it mid-step and count it as a crash. A brain proves it is alive by renewing its lease
+# (harness.watcher, every LEASE_SECONDS / 3); a dead or frozen worker's lease lapses and the sweeper wakes the
+# session again. Each step has a limit of its own (MODEL_TIMEOUT_SECONDS, TOOL_TIMEOUT_SECONDS,
+# MCP_TIMEOUT_SECONDS), so a brain does not wait forever on one.
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def wake(session_id: str, by: str = "event") -> Outcome:
     """Continue a session from its log. Safe to run twice or at once: the lease admits one brain, and only
     to a session that can still work (`Session.objects.open()`)."""

@@ -17,6 +17,8 @@ if [ -n "${QUICK:-}" ] && [[ " ${args[*]} " != *" --quick "* ]]; then
 fi
 
 scripts/bootstrap.sh --with-postgres || exit 1
+# The servers a benchmark starts refuse the public development key outside the test suite: one for this run.
+export SECRET_KEY="${SECRET_KEY:-$(python3 -c 'import secrets; print(secrets.token_urlsafe(50))')}"
 if [ "$(id -u)" -eq 0 ]; then
   scripts/start-dockerd.sh && scripts/build-image.sh || echo "bench: no Docker engine or sandbox image" >&2
 fi

@@ -9,6 +9,20 @@ scripts/bootstrap.sh
 scripts/egress-venv.sh
 mkdir -p .cache
 
+# The key that signs logins: the web server, workers and beat refuse the public default outside development
+# (workbench/secret_key.py). Made once and kept in .cache/secret-key, so logins outlive a restart; a SECRET_KEY
+# in the environment or in .env is used instead.
+if [ -n "${SECRET_KEY:-}" ] || grep -Eqs '^[[:space:]]*(export[[:space:]]+)?SECRET_KEY[[:space:]]*=' .env; then
+  key_note="SECRET_KEY from the environment or .env"
+else
+  if [ ! -s .cache/secret-key ]; then
+    (umask 077 && python3 -c 'import secrets; print(secrets.token_urlsafe(50))' >.cache/secret-key)
+  fi
+  SECRET_KEY=$(cat .cache/secret-key)
+  export SECRET_KEY
+  key_note=".cache/secret-key (made once here; set SECRET_KEY to use your own)"
+fi
+
 # The sandbox image, and the root file system the local (bubblewrap) provider binds (made without Docker too).
 if [ "$(id -u)" -eq 0 ] && [ -x scripts/build-image.sh ]; then
   scripts/build-image.sh || echo "run: the sandbox image or the local provider's root file system is missing" >&2
@@ -60,6 +74,7 @@ cat <<MSG
   Workbench is starting at $url
   $login
   Model: $model_note
+  Secret key: $key_note
   API keys: .venv/bin/python manage.py createapikey --name NAME
   Stop with Ctrl-C.
 

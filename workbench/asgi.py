@@ -8,6 +8,10 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "workbench.settings")
 django_asgi_app = get_asgi_application()
 
+from workbench.secret_key import refuse_insecure_secret_key  # noqa: E402
+
+refuse_insecure_secret_key("web server")
+
 from workbench.celery import GIL_SWITCH_SECONDS  # noqa: E402
 
 # The event loop's thread serves every socket and stream; a view's thread, or the broadcaster's, woken by
@@ -16,12 +20,12 @@ sys.setswitchinterval(GIL_SWITCH_SECONDS)
 
 from asgiref.sync import iscoroutinefunction  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 
 from kernel.api.edge import internal_error  # noqa: E402
 from kernel.auth import ApiKeyOrSessionAuthMiddleware  # noqa: E402
+from workbench.origins import SameOriginOrTrusted  # noqa: E402
 from workbench.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -72,8 +76,6 @@ async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 application = ProtocolTypeRouter(
     {
         "http": http_app,
-        "websocket": AllowedHostsOriginValidator(
-            ApiKeyOrSessionAuthMiddleware(URLRouter(websocket_urlpatterns))
-        ),
+        "websocket": SameOriginOrTrusted(ApiKeyOrSessionAuthMiddleware(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -1,5 +1,6 @@
 """Settings, all from the environment (one place), with defaults that run on one machine."""
 
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -10,7 +11,13 @@ env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 DEBUG = env.bool("DEBUG", default=False)
-SECRET_KEY = env("SECRET_KEY", default="workbench-insecure-dev-key-set-SECRET_KEY-in-production")
+# Signs logins, CSRF tokens and the API's page cursors: one long random value for web, workers and beat alike.
+# The public default (and compose's old placeholder) is for development only: the web server, workers and beat
+# refuse to start with one unless DEBUG is on, the test suite runs them (pytest sets PYTEST_VERSION), or
+# ALLOW_INSECURE_SECRET_KEY=true (workbench/secret_key.py). `make run` makes a key once, in .cache/secret-key.
+INSECURE_SECRET_KEYS = ("workbench-insecure-dev-key-set-SECRET_KEY-in-production", "change-me")
+SECRET_KEY = env("SECRET_KEY", default="") or INSECURE_SECRET_KEYS[0]  # an empty one is none
+ALLOW_INSECURE_SECRET_KEY = env.bool("ALLOW_INSECURE_SECRET_KEY", default=False)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 PORT = env.int("PORT", default=8000)
@@ -24,6 +31,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "axes",
     "kernel.apps.KernelConfig",
     "sessions.apps.SessionsConfig",
     "harness.apps.HarnessConfig",
@@ -40,6 +48,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: it turns a refused login into the lockout page
 ]
 
 ROOT_URLCONF = "workbench.urls"
@@ -113,8 +122,8 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=3600)
-CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", default=3540)
+# No worker-wide time limit (CELERY_TASK_TIME_LIMIT): every task but the wake sets its own, and the wake has
+# none on purpose, its lease being its heartbeat (harness/tasks.py).
 # The sweeper, not the broker's redelivery, brings back the work of a dead worker; a long visibility
 # timeout keeps Redis from handing the same wake to a second worker while the first still runs.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 3600}
@@ -134,6 +143,23 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
 LOGIN_URL = "/admin/login/"
+
+# Login throttling (django-axes), on every form login (the UI's /login/ and the admin's): after
+# LOGIN_FAILURE_LIMIT wrong passwords for one username from one address, that pair is refused (429, the lockout
+# page) until LOGIN_COOLOFF_MINUTES pass after its last try; failures older than that are forgotten, and a good
+# login forgets them at once. Locking the pair, not the address or the name alone, keeps one attacker from
+# locking an operator out from elsewhere. The address is REMOTE_ADDR: behind a proxy every login comes from
+# the proxy, so the lock is then per username. `manage.py axes_reset` lifts every lock.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env.int("LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.float("LOGIN_COOLOFF_MINUTES", default=15.0))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/lockout.html"
+AXES_VERBOSE = False
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -139,6 +140,8 @@ class Launcher:
             "DJANGO_SETTINGS_MODULE": "workbench.settings",
             "PYTHONPATH": str(ROOT),
             "PYTHONUNBUFFERED": "1",
+            # The servers refuse the public development key outside the test suite (workbench/secret_key.py).
+            "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(50),
         }
         self.model_url = ""
         self.postmaster: int | None = None

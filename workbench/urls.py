@@ -8,7 +8,7 @@ from kernel.api.keys import router as api_keys
 from sandboxes.api import router as environments
 from sandboxes.work_api import router as work
 from vault.api import router as vaults
-from workbench import views
+from workbench import health, views
 
 api = Edge(
     description="The Managed Agents API as the official `anthropic` SDK speaks it, and Workbench's own routes "
@@ -25,6 +25,7 @@ urlpatterns = [
     path("v1/", api.urls),
     path("v1/<path:rest>", views.api_not_found),
     path("admin/", admin.site.urls),
-    path("healthz", views.healthz),
+    path("healthz", health.healthz),
+    path("readyz", health.readyz),
     path("", include("workbench.ui.urls")),
 ]

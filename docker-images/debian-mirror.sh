@@ -1,8 +1,9 @@
 # Sourced by the image builds: the Debian mirrors this machine's apt already uses, for mmdebstrap.
 #
 # find_mirror SUITE prints the URI of the first enabled binary source for SUITE in /etc/apt/sources.list*
-# (one-line or deb822). After sourcing, $mirror, $updates and $security hold bookworm's three sources
-# (SANDBOX_DEBIAN_MIRROR overrides the main one), falling back to deb.debian.org.
+# (one-line or deb822). After sourcing, $mirror, $updates and $security hold the three sources of $suite
+# (bookworm unless the caller set it; SANDBOX_DEBIAN_MIRROR overrides the main one), falling back to
+# deb.debian.org.
 
 find_mirror() {
     local wanted=$1 file
@@ -39,9 +40,10 @@ find_mirror() {
     done
 }
 
-mirror=${SANDBOX_DEBIAN_MIRROR:-$(find_mirror bookworm | head -n 1)}
+suite=${suite:-bookworm}
+mirror=${SANDBOX_DEBIAN_MIRROR:-$(find_mirror "$suite" | head -n 1)}
 mirror=${mirror:-http://deb.debian.org/debian}
-updates=$(find_mirror bookworm-updates | head -n 1)
+updates=$(find_mirror "$suite-updates" | head -n 1)
 updates=${updates:-$mirror}
-security=$(find_mirror bookworm-security | head -n 1)
+security=$(find_mirror "$suite-security" | head -n 1)
 security=${security:-http://deb.debian.org/debian-security}

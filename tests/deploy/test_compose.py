@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ import httpx
 import pytest
 
 from tests.conftest import ROOT, free_port, require
+from tests.faults.conftest import wait_for
 
 # The suite's 180 s per test does not fit building the images on a fresh machine (about 3.5 min) and bringing
 # the stack up (1-2 min): this test's own steps each have their own limit below.
@@ -53,19 +54,6 @@ def run(command: list[str], *, timeout: float, env: dict[str, str] | None = None
             f"{' '.join(command)} exited with {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         )
     return done.stdout
-
-
-def wait_for(
-    condition: Callable[[], Any], *, timeout: float, what: str, on_timeout: Callable[[], str]
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}\n{on_timeout()}")
-        time.sleep(0.5)
 
 
 def compose_tool() -> list[str] | None:
@@ -156,6 +144,7 @@ def stack() -> Iterator[Stack]:
             timeout=UP_SECONDS,
             what="web, the workers and beat to be healthy",
             on_timeout=stack.logs,
+            every=0.5,
         )
         print(
             f"compose stack: images {built - started:.0f} s, up and healthy {time.monotonic() - built:.0f} s"
@@ -231,7 +220,11 @@ def test_a_worker_container_killed_mid_bash_turn_and_the_other_worker_finishes_i
         return holder(stack, session.id)
 
     victim, killed_epoch = wait_for(
-        running_the_call, timeout=TURN_SECONDS, what="a worker to run the bash call", on_timeout=stack.logs
+        running_the_call,
+        timeout=TURN_SECONDS,
+        what="a worker to run the bash call",
+        on_timeout=stack.logs,
+        every=0.5,
     )
     [survivor] = [service for service in WORKERS if service != victim]
     run(["docker", "kill", stack.container(victim)], timeout=30)
@@ -240,7 +233,13 @@ def test_a_worker_container_killed_mid_bash_turn_and_the_other_worker_finishes_i
     def idle() -> bool:
         return sdk.beta.sessions.retrieve(session.id).status == "idle"
 
-    wait_for(idle, timeout=TURN_SECONDS, what="the turn to finish on the other worker", on_timeout=stack.logs)
+    wait_for(
+        idle,
+        timeout=TURN_SECONDS,
+        what="the turn to finish on the other worker",
+        on_timeout=stack.logs,
+        every=0.5,
+    )
     resumed_in = time.monotonic() - killed
     events = log_of(stack, session.id)
     shown = "\n".join(f"  {kind:<28} epoch={epoch} {str(payload)[:100]}" for kind, epoch, payload in events)

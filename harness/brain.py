@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
 import threading
 from collections.abc import Callable
 from enum import StrEnum
@@ -24,7 +22,7 @@ from harness.cache import Log, known_logs
 from harness.fold import fold
 from harness.harnesses import harness_for, pending
 from harness.harnesses.steps import AwaitAction, CloseCall, RecordRecovery, Recover, parked_notice
-from harness.lease import Lease, lease_acquire, lease_held
+from harness.lease import Lease, lease_acquire, lease_held, owner_name
 from harness.model import Cancelled
 from harness.tools import runs_on_worker
 from harness.watcher import watcher
@@ -218,7 +216,7 @@ def _take_lease(session_id: str) -> tuple[Lease, Log | None] | None:
     known = known_logs.pop(session_id)
     lease = lease_acquire(
         session_id,
-        owner=worker_name(),
+        owner=owner_name(),
         seconds=settings.LEASE_SECONDS,
         read_after=-1 if known is None else known.state.last_seq,
     )
@@ -259,6 +257,3 @@ def has_pending_work(session_id: str) -> bool:
         logger.exception("the log of session %s cannot be folded", session_id)
         return True
 
-
-def worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"

@@ -3,17 +3,30 @@
 A brain takes the lease only when it is free or expired, renews it while it works, and releases it at
 idle. Every append carries the epoch, so a brain whose lease was taken over is refused on its next write.
 The statements on the session row are `sessions.services.lease`'s.
+
+A lease's owner names the process holding it (`host:pid`), so a process that learns a brain's process is gone
+can free its leases at once (`leases_abandon`) rather than leave its sessions waiting for them to lapse: the
+worker's main process when a pool process dies mid-task, a worker starting where an earlier one's processes
+are gone. A machine that vanished tells nobody; for it, the lease's expiry and the sweeper stay the way back.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 from sessions.models import Event
-from sessions.services.lease import session_lease_release, session_lease_renew, session_lease_take
+from sessions.services.lease import (
+    session_lease_owners,
+    session_lease_release,
+    session_lease_renew,
+    session_lease_take,
+    session_leases_abandon,
+)
 
 
 @dataclass(frozen=True)
@@ -70,3 +83,39 @@ def lease_held(lease: Lease) -> Iterator[Lease]:
         clean = True
     finally:
         lease_release(lease, clean=clean)
+
+
+def owner_name(pid: int | None = None) -> str:
+    """The owner a lease names: the process (this one unless `pid` is given) on this host."""
+    return f"{socket.gethostname()}:{os.getpid() if pid is None else pid}"
+
+
+def leases_abandon(pid: int) -> list[str]:
+    """Free the leases of this host's process `pid`, which is gone, as a crash (its sessions' crash counters
+    go on counting); the sessions it held, for the caller to wake."""
+    return session_leases_abandon(owner_name(pid))
+
+
+def leases_of_gone_processes() -> list[str]:
+    """Free the leases held by processes of this host that no longer run (a worker killed with its pool, its
+    replacement starting); the sessions they held. Owners on other hosts are left to their leases' expiry."""
+    host = f"{socket.gethostname()}:"
+    freed: list[str] = []
+    for owner in session_lease_owners():
+        name, _, pid = owner.rpartition(":")
+        if f"{name}:" == host and pid.isdigit() and process_gone(int(pid)):
+            freed += session_leases_abandon(owner)
+    return freed
+
+
+def process_gone(pid: int) -> bool:
+    """Whether no process `pid` runs here (a zombie counts as gone: it is dead, only not yet reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # another user's process: alive
+    with suppress(OSError, IndexError), open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    return False

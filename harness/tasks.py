@@ -5,19 +5,62 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
 import redis
 from celery import current_app, shared_task
+from celery.signals import worker_ready
+from celery.worker.request import Request
 from django.conf import settings
+from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
 from harness.brain import Outcome, has_pending_work, run_brain
+from harness.lease import leases_abandon, leases_of_gone_processes, process_gone
 from sessions.models import Session
 
 logger = logging.getLogger(__name__)
+
+
+class WakeRequest(Request):  # type: ignore[misc]
+    """A wake as the worker's main process sees it. When the pool process running it dies (SIGKILL, the OOM
+    killer, a crash), the leases that process held are freed before Celery requeues the wake, so the wake
+    taking it up finds the session free at once instead of waiting out the dead brain's lease."""
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
+        if self.worker_pid and process_gone(self.worker_pid):
+            _wake_sessions_of_lost_brains(
+                lambda: leases_abandon(self.worker_pid), f"pool process {self.worker_pid}", self.args[:1]
+            )
+        return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+
+@worker_ready.connect
+def _free_leases_of_gone_processes(**_: Any) -> None:
+    """A worker starting (a supervisor restarting one whose main process was killed, its pool with it): the
+    leases that processes of this host no longer running still hold are freed, and their sessions woken."""
+    _wake_sessions_of_lost_brains(leases_of_gone_processes, "processes of this host that are gone", ())
+
+
+def _wake_sessions_of_lost_brains(free: Callable[[], list[str]], whose: str, requeued: Sequence[str]) -> None:
+    """Free the leases (`free`), then wake their sessions, but for those whose wake Celery requeues itself.
+    Called in a worker's main process, which runs no brain: its database connection is closed afterwards,
+    not kept for the pool processes it forks next. A failure only costs speed: the leases lapse as before."""
+    try:
+        freed = free()
+    except Exception:  # noqa: BLE001 - the lease's expiry is the way back
+        logger.exception("the leases of %s were not freed; their sessions resume when they lapse", whose)
+        return
+    finally:
+        connection.close()
+    if freed:
+        logger.warning("freed the leases of %s: %s", whose, ", ".join(freed))
+    for session_id in freed:
+        if session_id not in requeued:
+            queue_wake(session_id, by="worker_lost")
 
 
 # No time limit: a turn may rightly work for hours (a long model stream, tool call after tool call), and a
@@ -25,7 +68,7 @@ logger = logging.getLogger(__name__)
 # (harness.watcher, every LEASE_SECONDS / 3); a dead or frozen worker's lease lapses and the sweeper wakes the
 # session again. Each step has a limit of its own (MODEL_TIMEOUT_SECONDS, TOOL_TIMEOUT_SECONDS,
 # MCP_TIMEOUT_SECONDS), so a brain does not wait forever on one.
-@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True, Request=WakeRequest)
 def wake(session_id: str, by: str = "event") -> Outcome:
     """Continue a session from its log. Safe to run twice or at once: the lease admits one brain, and only
     to a session that can still work (`Session.objects.open()`)."""

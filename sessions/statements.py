@@ -179,3 +179,14 @@ LEASE_RELEASE = (
     f"CASE WHEN %(clean)s THEN 0 ELSE {S.wake_step_attempts} END "
     f"WHERE {S.id} = %(session)s AND {S.lease_epoch} = %(epoch)s"
 )
+# A brain known dead (its process gone): its leases freed at once, as a crash (the counters kept), rather than
+# left to lapse. By owner, which names the process (`host:pid`); only a lease still held.
+LEASE_ABANDON = (
+    f"UPDATE {S.table} SET {S.lease_expires_at} = NULL, {S.lease_owner} = '' "
+    f"WHERE {S.lease_owner} = %s AND {S.lease_expires_at} IS NOT NULL RETURNING {S.id}"
+)
+# The owners holding a lease now: the processes a restarted worker asks about.
+LEASE_OWNERS = (
+    f"SELECT DISTINCT {S.lease_owner} FROM {S.table} WHERE {S.lease_expires_at} IS NOT NULL "
+    f"AND {S.lease_owner} <> ''"
+)

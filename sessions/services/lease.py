@@ -67,6 +67,20 @@ def session_lease_release(session_id: str, epoch: int, *, clean: bool) -> bool:
         return cursor.rowcount == 1
 
 
+def session_leases_abandon(owner: str) -> list[str]:
+    """Free every lease `owner` holds, as a crash (the crash counters stay); the sessions it held."""
+    with connection.cursor() as cursor:
+        cursor.execute(statements.LEASE_ABANDON, [owner])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def session_lease_owners() -> list[str]:
+    """The owners holding a lease."""
+    with connection.cursor() as cursor:
+        cursor.execute(statements.LEASE_OWNERS)
+        return [row[0] for row in cursor.fetchall()]
+
+
 _PAYLOAD = statements.LEASE_EVENT_FIELDS.index("payload")
 
 

@@ -192,3 +192,47 @@ def test_an_interrupt_cuts_a_backoff_short(model_url):
     # It waited (until the interrupt) before it tried the step again: its recovery is written after it.
     assert types.index("brain.recovered") > types.index("user.interrupt")
     assert types[-1] == "session.status_idle"
+
+
+# --- leases of processes known gone ---------------------------------------------------------------------
+
+
+def a_gone_pid() -> int:
+    import subprocess
+
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def test_a_restarted_worker_frees_only_the_leases_of_this_hosts_processes_that_are_gone():
+    import os
+
+    from harness.lease import leases_of_gone_processes, owner_name
+
+    held = {
+        "dead here": owner_name(a_gone_pid()),
+        "alive here": owner_name(os.getpid()),
+        "on another host": "another-host:1",
+    }
+    sessions = {}
+    for what, owner in held.items():
+        session_id = make_session()
+        message(session_id, "hello")
+        assert lease_acquire(session_id, owner=owner, seconds=60) is not None
+        sessions[what] = session_id
+
+    assert leases_of_gone_processes() == [sessions["dead here"]]
+    rows = {s.id: s for s in Session.objects.filter(id__in=sessions.values())}
+    freed = rows[sessions["dead here"]]
+    assert freed.lease_owner == "" and freed.lease_expires_at is None
+    assert freed.wake_attempts == 1, "a freed lease is a crash: the counter goes on"
+    for what in ("alive here", "on another host"):
+        row = rows[sessions[what]]
+        assert row.lease_owner == held[what] and row.lease_expires_at is not None, what
+    assert leases_of_gone_processes() == []
+
+    # The next wake takes the freed lease at once and records the recovery.
+    assert run_brain(sessions["dead here"], by="worker_lost") is Outcome.IDLE
+    [recovered] = [e for e in get_events(sessions["dead here"]) if e.type == "brain.recovered"]
+    assert recovered.payload == {"woken_by": "worker_lost", "epoch": 2, "unfinished_wakes": 1}

@@ -256,4 +256,3 @@ def has_pending_work(session_id: str) -> bool:
     except Exception:  # noqa: BLE001 - whatever the fold trips on, it is the brain's to count
         logger.exception("the log of session %s cannot be folded", session_id)
         return True
-

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from harness.brain import Outcome, has_pending_work, run_brain
 from harness.lease import leases_abandon, leases_of_gone_processes, process_gone
+from harness.pool import watch_pool
 from sessions.models import Session
 
 logger = logging.getLogger(__name__)
@@ -39,28 +40,41 @@ class WakeRequest(Request):  # type: ignore[misc]
 
 
 @worker_ready.connect
-def _free_leases_of_gone_processes(**_: Any) -> None:
+def _free_leases_of_gone_processes(sender: Any = None, **_: Any) -> None:
     """A worker starting (a supervisor restarting one whose main process was killed, its pool with it): the
-    leases that processes of this host no longer running still hold are freed, and their sessions woken."""
+    leases that processes of this host no longer running still hold are freed, and their sessions woken. Then
+    it watches its pool processes, so one that dies is noticed at once (harness.pool)."""
     _wake_sessions_of_lost_brains(leases_of_gone_processes, "processes of this host that are gone", ())
+    watch_pool(sender)
 
 
 def _wake_sessions_of_lost_brains(free: Callable[[], list[str]], whose: str, requeued: Sequence[str]) -> None:
     """Free the leases (`free`), then wake their sessions, but for those whose wake Celery requeues itself.
-    Called in a worker's main process, which runs no brain: its database connection is closed afterwards,
-    not kept for the pool processes it forks next. A failure only costs speed: the leases lapse as before."""
+    Called in a worker's main process, which runs no brain. A failure only costs speed: the leases lapse as
+    before."""
     try:
         freed = free()
     except Exception:  # noqa: BLE001 - the lease's expiry is the way back
         logger.exception("the leases of %s were not freed; their sessions resume when they lapse", whose)
         return
     finally:
-        connection.close()
+        _close_database()
     if freed:
         logger.warning("freed the leases of %s: %s", whose, ", ".join(freed))
     for session_id in freed:
         if session_id not in requeued:
             queue_wake(session_id, by="worker_lost")
+
+
+def _close_database() -> None:
+    """Close the main process's database connection and its pool, if it has one. The pool processes it forks
+    next would inherit the pool's open connections, and a pool process starting closes the pool it inherited
+    (Celery's Django fixup), which ends those connections for this process too: its next use failed with a
+    broken connection, and the sessions of the next dead brain waited out their leases."""
+    connection.close()
+    close_pool = getattr(connection, "close_pool", None)  # PostgreSQL's backend alone has a pool
+    if close_pool is not None and connection.settings_dict.get("OPTIONS", {}).get("pool"):
+        close_pool()
 
 
 # No time limit: a turn may rightly work for hours (a long model stream, tool call after tool call), and a

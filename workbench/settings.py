@@ -208,6 +208,9 @@ WAKE_CRASH_LIMIT = env.int("WAKE_CRASH_LIMIT", default=3)
 # Before the third and later attempts at a step that killed its brain: this, doubling (one crash is retried
 # at once: it is most often bad luck, and the resume it would slow is what users wait for).
 WAKE_CRASH_BACKOFF_SECONDS = env.float("WAKE_CRASH_BACKOFF_SECONDS", default=1.0)
+# How often a worker's main process looks whether one of its pool processes died (harness.pool), so the dead
+# brain's session is resumed at once rather than at the pool's own look, every 5 s.
+POOL_WATCH_SECONDS = env.float("POOL_WATCH_SECONDS", default=0.1)
 # How often a working brain looks for a user.interrupt (seconds).
 INTERRUPT_POLL_SECONDS = env.float("INTERRUPT_POLL_SECONDS", default=0.2)
 TOOL_TIMEOUT_SECONDS = env.float("TOOL_TIMEOUT_SECONDS", default=120.0)

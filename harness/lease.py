@@ -19,6 +19,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
+
 from sessions.models import Event
 from sessions.services.lease import (
     session_lease_owners,
@@ -87,7 +89,13 @@ def lease_held(lease: Lease) -> Iterator[Lease]:
 
 def owner_name(pid: int | None = None) -> str:
     """The owner a lease names: the process (this one unless `pid` is given) on this host."""
-    return f"{socket.gethostname()}:{os.getpid() if pid is None else pid}"
+    return f"{_host()}:{os.getpid() if pid is None else pid}"
+
+
+def _host() -> str:
+    """This machine's name in leases: LEASE_HOST, or the hostname. Machines whose processes can see one another
+    must share it, and others must not (a container is a machine of its own: its processes and hostname)."""
+    return settings.LEASE_HOST or socket.gethostname()
 
 
 def leases_abandon(pid: int) -> list[str]:
@@ -99,7 +107,7 @@ def leases_abandon(pid: int) -> list[str]:
 def leases_of_gone_processes() -> list[str]:
     """Free the leases held by processes of this host that no longer run (a worker killed with its pool, its
     replacement starting); the sessions they held. Owners on other hosts are left to their leases' expiry."""
-    host = f"{socket.gethostname()}:"
+    host = f"{_host()}:"
     freed: list[str] = []
     for owner in session_lease_owners():
         name, _, pid = owner.rpartition(":")

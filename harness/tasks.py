@@ -48,17 +48,20 @@ def _free_leases_of_gone_processes(sender: Any = None, **_: Any) -> None:
     watch_pool(sender)
 
 
-def _wake_sessions_of_lost_brains(free: Callable[[], list[str]], whose: str, requeued: Sequence[str]) -> None:
+def _wake_sessions_of_lost_brains(
+    free: Callable[[], list[str]], whose: str, requeued: Sequence[str], *, main_process: bool = True
+) -> None:
     """Free the leases (`free`), then wake their sessions, but for those whose wake Celery requeues itself.
-    Called in a worker's main process, which runs no brain. A failure only costs speed: the leases lapse as
-    before."""
+    In a worker's main process (which runs no brain) the database is closed afterwards. A failure only costs
+    speed: the leases lapse as before."""
     try:
         freed = free()
     except Exception:  # noqa: BLE001 - the lease's expiry is the way back
         logger.exception("the leases of %s were not freed; their sessions resume when they lapse", whose)
         return
     finally:
-        _close_database()
+        if main_process:
+            _close_database()
     if freed:
         logger.warning("freed the leases of %s: %s", whose, ", ".join(freed))
     for session_id in freed:
@@ -157,7 +160,13 @@ def sweep() -> int:
 
     At most one wake per session is queued: the mark it sets is cleared by the brain that takes the lease,
     so a session whose wake waits behind busy workers is not queued again every sweep.
+
+    First, the leases held by processes of this host that are gone are freed and their sessions woken: a
+    worker killed whole, its pool with it, tells nobody, and its replacement (if any) takes seconds to start.
     """
+    _wake_sessions_of_lost_brains(
+        leases_of_gone_processes, "processes of this host that are gone", (), main_process=False
+    )
     now = timezone.now()
     lapsed = Q(lease_expires_at__lt=now) | Q(
         lease_expires_at__isnull=True, updated_at__lt=now - timedelta(seconds=2 * settings.LEASE_SECONDS)

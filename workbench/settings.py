@@ -208,6 +208,9 @@ WAKE_CRASH_LIMIT = env.int("WAKE_CRASH_LIMIT", default=3)
 # Before the third and later attempts at a step that killed its brain: this, doubling (one crash is retried
 # at once: it is most often bad luck, and the resume it would slow is what users wait for).
 WAKE_CRASH_BACKOFF_SECONDS = env.float("WAKE_CRASH_BACKOFF_SECONDS", default=1.0)
+# The name of this machine in the leases its brains hold (default: the hostname). A process frees the leases
+# of processes of its own machine that are gone; processes that cannot see one another must not share it.
+LEASE_HOST = env("LEASE_HOST", default="")
 # How often a worker's main process looks whether one of its pool processes died (harness.pool), so the dead
 # brain's session is resumed at once rather than at the pool's own look, every 5 s.
 POOL_WATCH_SECONDS = env.float("POOL_WATCH_SECONDS", default=0.1)

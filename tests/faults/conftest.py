@@ -163,7 +163,10 @@ class Cluster:
             "-l",
             "INFO",
         ]
-        worker = Worker(name, self._popen(command, log_path, extra_env), log_path)
+        # Each worker is a machine of its own unless told otherwise: none frees the leases of another's dead
+        # processes (what a vanished machine leaves), and only the lease's expiry brings their sessions back.
+        env = {"LEASE_HOST": name, **extra_env}
+        worker = Worker(name, self._popen(command, log_path, env), log_path)
         self.workers.append(worker)
         return worker
 

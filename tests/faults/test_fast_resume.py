@@ -14,7 +14,6 @@ import signal
 
 import pytest
 
-from harness.lease import owner_name
 from sessions.models import Event, Session
 from tests.faults.conftest import (
     Cluster,
@@ -29,6 +28,7 @@ from tests.faults.conftest import (
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 LONG_LEASE = {"LEASE_SECONDS": "60"}
+ONE_MACHINE = {"LEASE_HOST": "machine-a"}  # workers that see one another's processes
 RESUME_TIMEOUT = 30.0  # well inside the 60 s lease: a resume in time was not the lease lapsing
 
 
@@ -94,14 +94,14 @@ def test_a_killed_pool_process_has_its_leases_freed_and_its_wake_requeued_at_onc
 def test_a_worker_starting_frees_the_leases_of_a_worker_killed_whole_and_wakes_their_sessions(
     cluster: Cluster,
 ) -> None:
-    (victim,) = cluster.start_workers(1, **LONG_LEASE)
+    (victim,) = cluster.start_workers(1, **LONG_LEASE, **ONE_MACHINE)
     cluster.model.set_latency(ttft_ms=60_000)
     session_id = new_session("hello")
     killed = held_while_waiting_on_the_model(cluster, session_id)
     # Two leases the starting worker must leave alone: a live process of this host's, another host's.
     live, elsewhere = new_session(), new_session()
     Session.objects.filter(id=live).update(
-        lease_owner=owner_name(os.getpid()), lease_expires_at=killed.lease_expires_at
+        lease_owner=f"{ONE_MACHINE['LEASE_HOST']}:{os.getpid()}", lease_expires_at=killed.lease_expires_at
     )
     Session.objects.filter(id=elsewhere).update(
         lease_owner="another-host:1", lease_expires_at=killed.lease_expires_at
@@ -109,9 +109,30 @@ def test_a_worker_starting_frees_the_leases_of_a_worker_killed_whole_and_wakes_t
     cluster.model.set_latency(ttft_ms=0)
     victim.kill()  # main process and pool together: nothing requeues the wake
 
-    (replacement,) = cluster.start_workers(1, **LONG_LEASE)
+    (replacement,) = cluster.start_workers(1, **LONG_LEASE, **ONE_MACHINE)
     recovered = resumed(cluster, session_id, killed)
     assert recovered.payload["woken_by"] == "worker_lost", describe(log_of(session_id))
     assert f"freed the leases of processes of this host that are gone: {session_id}" in replacement.log()
     leases = dict(Session.objects.filter(id__in=[live, elsewhere]).values_list("id", "lease_owner"))
-    assert leases == {live: owner_name(os.getpid()), elsewhere: "another-host:1"}
+    assert leases == {live: f"{ONE_MACHINE['LEASE_HOST']}:{os.getpid()}", elsewhere: "another-host:1"}
+
+
+def test_the_sweeper_frees_the_leases_of_a_worker_killed_whole_when_no_replacement_starts(
+    cluster: Cluster,
+) -> None:
+    """Another worker of this host sees, at its next sweep, that the lease's process is gone: the session
+    resumes in about SWEEP_SECONDS, not after the lease (a replacement worker may take seconds, or never come)."""
+    cluster.start_workers(2, **LONG_LEASE, **ONE_MACHINE)
+    cluster.start_beat()
+    cluster.model.set_latency(ttft_ms=60_000)
+    session_id = new_session("hello")
+    killed = held_while_waiting_on_the_model(cluster, session_id)
+    victim = cluster.holder(session_id)
+    assert victim is not None
+    (survivor,) = [worker for worker in cluster.workers if worker is not victim]
+    cluster.model.set_latency(ttft_ms=0)
+    victim.kill()
+
+    recovered = resumed(cluster, session_id, killed)
+    assert recovered.payload["woken_by"] == "worker_lost", describe(log_of(session_id))
+    assert f"freed the leases of processes of this host that are gone: {session_id}" in survivor.log()

@@ -1,12 +1,16 @@
 """The brain's benchmark: how fast a killed turn resumes, and what the harness itself costs per model call.
 
 Resume: a turn streams a long answer from the offline model on one of three Celery workers (prefork,
-concurrency 1) while beat runs the sweeper; at a random moment of the stream the worker holding the lease
-is SIGKILLed together with its pool child, so nothing requeues its task. Measured per kill: from the kill
-to the first event the resumed turn writes (the `brain.recovered` of the sweeper's wake), by that event's
-own timestamp. The lease the dead brain left is part of it, so the lease left at the kill is reported
-too: the resume time is bounded below by it, and the rest is the sweeper's period plus the wake. Each
-killed worker is replaced, and the replacement is ready, before the next kill.
+concurrency 1) while beat runs the sweeper, all at the product's default LEASE_SECONDS (10 s); at a random
+moment of the stream the brain is SIGKILLed, two ways taking turns:
+- the pool process alone (the OOM killer, a crash): the worker's main process sees it die, frees the dead
+  process's lease and Celery requeues the wake (harness.tasks.WakeRequest). Judged: p50 <= 1 s, p95 <= 2 s;
+- the whole worker, main process and pool child together, and a new worker started at once, as a supervisor
+  (`make run`, compose's restart policy) would: the new worker frees the leases of this host's processes that
+  are gone and wakes their sessions. Reported, not judged: it is mostly the new worker's start.
+Measured per kill: from the kill to the first event the resumed turn writes (its `brain.recovered`), by that
+event's own timestamp, beside the lease the dead brain left (what the resume waited before these paths: a
+machine that vanishes, telling no one, still waits it out, and then the sweeper wakes the session).
 
 Overhead: in this process, `run_brain` answers one-line messages, one wake and one model call each, from
 an offline model in another process with zero latency. Per call: the wall time of the model step (the
@@ -50,8 +54,9 @@ from bench.common.machine import load_average, machine_info  # noqa: E402
 from bench.common.processes import Failed, Processes, wait_until  # noqa: E402
 from bench.common.results import percentile, publish, pyplot, run, save_figure, say, stem  # noqa: E402
 
-RESUME_P50_TARGET_S = 2.0
-RESUME_P95_TARGET_S = 5.0
+RESUME_P50_TARGET_S = 1.0  # a pool process killed, at the default LEASE_SECONDS
+RESUME_P95_TARGET_S = 2.0
+POOL, WORKER = "pool process", "whole worker, restarted"
 OVERHEAD_P50_TARGET_MS = 10.0
 LONG_WORDS = 500
 PACED_TPS = 500.0  # the streaming rate of the judged long answers, tokens (deltas) per second
@@ -71,6 +76,7 @@ QUICK = Plan(kills=6, calls=30, warmup=5)
 
 @dataclass
 class Kill:
+    kind: str  # POOL or WORKER
     resume_s: float  # SIGKILL → the resumed turn's first event
     lease_left_s: float  # how long the dead brain's lease still ran at the kill
     killed_after_s: float  # how far into the stream the kill came
@@ -177,7 +183,7 @@ class Brains(Processes):
         return None
 
 
-def one_kill(brains: Brains, model_url: str, rng: random.Random) -> Kill:
+def one_kill(brains: Brains, model_url: str, rng: random.Random, kind: str) -> Kill:
     from harness.brain import has_pending_work
     from sessions.models import Event, Session
 
@@ -198,14 +204,21 @@ def one_kill(brains: Brains, model_url: str, rng: random.Random) -> Kill:
     victim = brains.holder(owner)
     if victim is None or model_stats(model_url)["in_flight"] != 1:
         raise RuntimeError(f"the brain of {session_id} is not streaming (owner {owner!r})")
-    killed_at = brains.kill(victim)
+    held = Session.objects.get(id=session_id)  # read before the kill: a freed lease has no expiry
+    replacement = None
+    if kind == POOL:
+        killed_at = time.time()
+        os.kill(int(owner.rsplit(":", 1)[1]), signal.SIGKILL)
+    else:
+        killed_at = brains.kill(victim)
+        replacement = brains.start_worker()
     killed_after = time.monotonic() - streaming_since
     set_latency(model_url, tps=0)
-    session = Session.objects.get(id=session_id)
-    lease_left = session.lease_expires_at.timestamp() - killed_at
+    assert held.lease_expires_at is not None
+    lease_left = held.lease_expires_at.timestamp() - killed_at
     resumed = wait_until(
         lambda: (
-            Event.objects.filter(session_id=session_id, lease_epoch__gt=session.lease_epoch)
+            Event.objects.filter(session_id=session_id, lease_epoch__gt=held.lease_epoch)
             .order_by("seq")
             .first()
         ),
@@ -213,7 +226,6 @@ def one_kill(brains: Brains, model_url: str, rng: random.Random) -> Kill:
         "the resumed turn's first event",
         every=0.02,
     )
-    replacement = brains.start_worker()
 
     def done() -> bool:
         row = Session.objects.get(id=session_id)
@@ -223,8 +235,9 @@ def one_kill(brains: Brains, model_url: str, rng: random.Random) -> Kill:
         completed = bool(wait_until(done, 10, "the resumed turn to end", every=0.02))
     except Failed:
         completed = False
-    wait_until(lambda: brains.ready(replacement), 60, "the replacement worker", every=0.02)
-    return Kill(resumed.processed_at.timestamp() - killed_at, lease_left, killed_after, completed)
+    if replacement is not None:
+        wait_until(lambda: brains.ready(replacement), 60, "the replacement worker", every=0.02)
+    return Kill(kind, resumed.processed_at.timestamp() - killed_at, lease_left, killed_after, completed)
 
 
 def measure_resume(plan: Plan, settings: Settings, system: Launcher) -> list[Kill]:
@@ -245,10 +258,11 @@ def measure_resume(plan: Plan, settings: Settings, system: Launcher) -> list[Kil
         wait_until(lambda: all(brains.ready(w) for w in started), 60, "the workers", every=0.02)
         brains.start_beat()
         for i in range(plan.kills):
-            kill = one_kill(brains, system.model_url, rng)
+            kill = one_kill(brains, system.model_url, rng, POOL if i % 2 == 0 else WORKER)
             kills.append(kill)
             say(
-                f"  kill {i + 1:>2}/{plan.kills}: resumed in {kill.resume_s:5.2f} s (lease left {kill.lease_left_s:4.2f}"
+                f"  kill {i + 1:>2}/{plan.kills} ({kill.kind}): resumed in {kill.resume_s:5.2f} s"
+                f" (lease left {kill.lease_left_s:4.2f}"
                 f" s, killed {kill.killed_after_s:4.2f} s into the stream)"
                 + ("" if kill.completed else "  -- the resumed turn did not finish")
             )
@@ -363,21 +377,34 @@ def summary(kills: list[Kill], answers: Answers) -> list[dict[str, Any]]:
             "result": "-" if met is None else ("met" if met else "MISSED"),
         }
 
-    resume = [k.resume_s for k in kills]
-    rows = [
-        row(
-            "resume: SIGKILL -> resumed turn's next event",
-            resume,
-            "s",
-            f"p50 <= {RESUME_P50_TARGET_S:g} s, p95 <= {RESUME_P95_TARGET_S:g} s",
-            percentile(resume, 0.5) <= RESUME_P50_TARGET_S
-            and percentile(resume, 0.95) <= RESUME_P95_TARGET_S,
-        ),
-        row("  of which the dead brain's lease left", [k.lease_left_s for k in kills], "s", "", None),
-        row(
-            "  of which after the lease expired", [k.resume_s - k.lease_left_s for k in kills], "s", "", None
-        ),
-    ]
+    rows = []
+    for kind in (POOL, WORKER):
+        of_kind = [k for k in kills if k.kind == kind]
+        if not of_kind:
+            continue
+        resume = [k.resume_s for k in of_kind]
+        judged = kind == POOL
+        rows += [
+            row(
+                f"resume, {kind} killed: SIGKILL -> resumed turn's next event",
+                resume,
+                "s",
+                f"p50 <= {RESUME_P50_TARGET_S:g} s, p95 <= {RESUME_P95_TARGET_S:g} s"
+                if judged
+                else "(not judged)",
+                percentile(resume, 0.5) <= RESUME_P50_TARGET_S
+                and percentile(resume, 0.95) <= RESUME_P95_TARGET_S
+                if judged
+                else None,
+            ),
+            row(
+                "  the dead brain's lease left (no longer waited)",
+                [k.lease_left_s for k in of_kind],
+                "s",
+                "",
+                None,
+            ),
+        ]
     for label, calls, judged in answers:
         overhead = [c.overhead_ms for c in calls]
         rows += [
@@ -424,18 +451,16 @@ def summary(kills: list[Kill], answers: Answers) -> list[dict[str, Any]]:
 def plot(path: Path, kills: list[Kill], answers: Answers, title: str) -> None:
     plt = pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
-    order = sorted(range(len(kills)), key=lambda i: kills[i].resume_s)
-    xs = [(rank + 1) / len(kills) for rank in range(len(kills))]
+    for kind, colour in ((POOL, "#3b6ea8"), (WORKER, "#d0803a")):
+        times = sorted(k.resume_s for k in kills if k.kind == kind)
+        fractions = [(rank + 1) / len(times) for rank in range(len(times))]
+        left.plot(times, fractions, "o-", color=colour, markersize=3, label=f"{kind} killed")
     left.plot(
-        [kills[i].resume_s for i in order],
-        xs,
-        "o-",
-        color="#3b6ea8",
-        markersize=3,
-        label="SIGKILL -> next event",
-    )
-    left.plot(
-        sorted(k.lease_left_s for k in kills), xs, ".--", color="#b0b0b0", label="lease left at the kill"
+        sorted(k.lease_left_s for k in kills),
+        [(rank + 1) / len(kills) for rank in range(len(kills))],
+        ".--",
+        color="#b0b0b0",
+        label="lease left at the kill",
     )
     left.axvline(RESUME_P50_TARGET_S, color="#a33", linestyle=":", linewidth=0.8, label="p50 target")
     left.axvline(RESUME_P95_TARGET_S, color="#a33", linestyle="--", linewidth=0.8, label="p95 target")
@@ -465,10 +490,16 @@ def arguments() -> argparse.ArgumentParser:
         "--calls", type=int, help=f"model calls to time per answer length (default {DEFAULT.calls})"
     )
     parser.add_argument(
-        "--lease-seconds", type=float, default=1.5, help="the workers' LEASE_SECONDS (default 1.5)"
+        "--lease-seconds",
+        type=float,
+        default=10.0,
+        help="the workers' LEASE_SECONDS (default 10, the product's)",
     )
     parser.add_argument(
-        "--sweep-seconds", type=float, default=0.25, help="the workers' SWEEP_SECONDS (default 0.25)"
+        "--sweep-seconds",
+        type=float,
+        default=2.0,
+        help="the workers' SWEEP_SECONDS (default 2, the product's)",
     )
     service_arguments(parser)
     parser.add_argument(
@@ -530,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.monotonic() - began, 1),
         "summary": rows,
         "samples": {
+            "kill_kind": [k.kind for k in kills],
             "resume_s": [round(k.resume_s, 4) for k in kills],
             "lease_left_s": [round(k.lease_left_s, 4) for k in kills],
             "killed_after_s": [round(k.killed_after_s, 3) for k in kills],
@@ -543,7 +575,11 @@ def main(argv: list[str] | None = None) -> int:
         },
         "broadcast_backlog": backlog,
         "means": {
-            "resume_s": round(statistics.fmean(k.resume_s for k in kills), 3),
+            **{
+                f"resume_s_{kind}": round(statistics.fmean(k.resume_s for k in kills if k.kind == kind), 3)
+                for kind in (POOL, WORKER)
+                if any(k.kind == kind for k in kills)
+            },
             "overhead_ms_one_line": round(statistics.fmean(c.overhead_ms for c in short), 3),
         },
         "targets": {"met": met, "total": total},

@@ -23,10 +23,11 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
-ORDER = ("log", "harness", "sandboxes", "workqueue", "work_queue", "ui", "ttft", "api", "egress")
+ORDER = ("log", "harness", "chaos", "sandboxes", "workqueue", "work_queue", "ui", "ttft", "api", "egress")
 TITLES = {
     "log": "The session log: appends and slice reads (bench/log.py)",
     "harness": "The brain: resume after SIGKILL, overhead per model call (bench/harness.py)",
+    "chaos": "Chaos: sessions of /bash steps while brains and sandboxes are killed, audited (bench/chaos.py)",
     "sandboxes": "Sandboxes: provisioning and tool-call round trips (bench/sandboxes.py)",
     "ui": "The browser UI: opening a long session, live appends in many pages (bench/ui.py)",
     "ttft": "Time to first token: coupled vs decoupled sandboxes (bench/ttft.py)",
@@ -166,7 +167,8 @@ def render_log(data: dict[str, Any]) -> tuple[list[str], int, int]:
 def render_harness(data: dict[str, Any]) -> tuple[list[str], int, int]:
     settings, plan = data.get("settings", {}), data.get("plan", {})
     out = [
-        f"{plan.get('kills', '?')} kills of a streaming turn's worker (SIGKILL) with "
+        f"{plan.get('kills', '?')} SIGKILLs of a streaming turn's brain (its pool process, or its whole worker and "
+        "a new one started at once, taking turns) with "
         f"LEASE_SECONDS={settings.get('lease_seconds', '?')}, SWEEP_SECONDS={settings.get('sweep_seconds', '?')}; "
         f"{plan.get('calls', '?')} timed model calls per answer against the offline model with no time to first "
         "token (the judged 500-word answers stream at 500 tokens/s, the others all at once).",

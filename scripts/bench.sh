@@ -23,7 +23,7 @@ if [ "$(id -u)" -eq 0 ]; then
   scripts/start-dockerd.sh && scripts/build-image.sh || echo "bench: no Docker engine or sandbox image" >&2
 fi
 
-known=(log harness sandboxes workqueue work_queue ui ttft api egress)
+known=(log harness chaos sandboxes workqueue work_queue ui ttft api egress)
 benches=()
 for name in "${known[@]}"; do
   [ -f "bench/$name.py" ] && benches+=("$name")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 from django.conf import settings
@@ -30,7 +31,7 @@ from sandboxes.provisioning import provider_name, provider_of, resources_for, se
 from sandboxes.repositories import checkout_repositories
 from sessions import events
 from sessions.models import Session
-from sessions.services import emit_event
+from sessions.services import SessionNotFound, emit_event
 
 logger = logging.getLogger(__name__)
 
@@ -55,14 +56,33 @@ def held(session_id: str) -> list[Sandbox]:
     )
 
 
-def _new_sandbox(environment: Environment, *, session: Session, name: str) -> Sandbox:
+def _new_sandbox(environment: Environment, *, session: Session, name: str, labels: dict[str, Any]) -> Sandbox:
     """The session's new hand: one from the environment's warm pool, or a row (provisioning) whose sandbox
     the caller then starts. Nothing slow: the session's row is locked meanwhile."""
     pooled = pool_take(environment, session=session, name=name)
     if pooled is not None:
         return pooled
     return Sandbox.objects.create(
-        environment=environment, session=session, name=name, provider=provider_name(environment)
+        environment=environment,
+        session=session,
+        name=name,
+        provider=provider_name(environment),
+        labels=labels,
+    )
+
+
+def _give_up_a_stopped_brains_provisioning(session: Session, name: str) -> bool:
+    """A hand named `name` that an earlier brain of the session was still provisioning when it stopped (its
+    row is stamped with that brain's lease epoch, older than the session's now) is given up: that brain died,
+    or is refused at its next write, and the name would otherwise stay taken until the reaper's grace ran out,
+    failing every call meanwhile. Its container, if one started, is the reaper's. The caller holds the lock."""
+    return bool(
+        Sandbox.objects.filter(
+            session_id=session.id,
+            name=name,
+            status=Sandbox.Status.PROVISIONING,
+            labels__lease_epoch__lt=session.lease_epoch,
+        ).update(status=Sandbox.Status.DEAD)
     )
 
 
@@ -105,8 +125,13 @@ def _check_room(session: Session, name: str | None) -> None:
         )
 
 
-def sandbox_provision(session_id: str, *, name: str = DEFAULT_HAND, emit: Emit | None = None) -> Sandbox:
-    """A new hand for the session under `name`, which must be a free, valid name within the session's cap."""
+def sandbox_provision(
+    session_id: str, *, name: str = DEFAULT_HAND, emit: Emit | None = None, by_brain: bool = False
+) -> Sandbox:
+    """A new hand for the session under `name`, which must be a free, valid name within the session's cap.
+
+    `by_brain`: asked by the brain holding the session's lease, which first gives up what a stopped brain of
+    the session left provisioning under that name."""
     emit = emit or _log(session_id)
     _check_name(name)
     with transaction.atomic():
@@ -118,17 +143,27 @@ def sandbox_provision(session_id: str, *, name: str = DEFAULT_HAND, emit: Emit |
             .get(id=session_id)
         )
         _refuse_self_hosted(session)
+        if by_brain:
+            _give_up_a_stopped_brains_provisioning(session, name)
         _check_room(session, name)
-        sandbox = _new_sandbox(session.environment, session=session, name=name)
+        labels = {"lease_epoch": session.lease_epoch} if by_brain else {}
+        sandbox = _new_sandbox(session.environment, session=session, name=name, labels=labels)
     if sandbox.status == Sandbox.Status.PROVISIONING:
+        provider = provider_of(sandbox)
         try:
-            sandbox.handle = provider_of(sandbox).provision(resources_for(session.environment, sandbox))
+            handle = provider.provision(resources_for(session.environment, sandbox))
         except SandboxError as error:
             Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.DEAD)
             emit(events.sandbox_failed(name, str(error)))
             raise
-        sandbox.status = Sandbox.Status.READY
-        sandbox.save(update_fields=["handle", "status"])
+        # Only if no one gave the row up meanwhile (a newer brain of the session, the reaper's grace).
+        if not Sandbox.objects.filter(id=sandbox.id, status=Sandbox.Status.PROVISIONING).update(
+            handle=handle, status=Sandbox.Status.READY
+        ):
+            with suppress(SandboxError):
+                provider.terminate(handle)
+            raise SandboxError(f"the sandbox {sandbox.id} was given up while it was being provisioned")
+        sandbox.handle, sandbox.status = handle, Sandbox.Status.READY
     elif variables := session_env(sandbox):
         # A pooled sandbox was made for no session: its shell gets this one's variables (placeholders).
         provider_of(sandbox).reset(sandbox.handle, env=variables)
@@ -167,11 +202,20 @@ def execute(
                 names = ", ".join(hand.name for hand in held(session_id))
                 return f"This session holds no sandbox named {wanted!r}; it holds: {names}.", True
             hand_name = wanted or DEFAULT_HAND
-            replaced = Sandbox.objects.filter(
-                session_id=session_id, name=hand_name, status=Sandbox.Status.DEAD
-            ).exists()
-            sandbox = sandbox_provision(session_id, name=hand_name, emit=emit)
-            if replaced:
+            earlier = set(
+                Sandbox.objects.filter(
+                    session_id=session_id,
+                    name=hand_name,
+                    status__in=(Sandbox.Status.DEAD, Sandbox.Status.PROVISIONING),
+                ).values_list("status", flat=True)
+            )
+            sandbox = sandbox_provision(session_id, name=hand_name, emit=emit, by_brain=True)
+            if Sandbox.Status.PROVISIONING in earlier:
+                note = (
+                    f"[a new sandbox {sandbox.id} was provisioned: the one an earlier, stopped brain of this "
+                    "session was provisioning was given up]\n"
+                )
+            elif earlier:
                 note = f"[a new sandbox {sandbox.id} was provisioned: the previous one had died]\n"
         text = provider_of(sandbox).execute(
             sandbox.handle, name, input, timeout_s=settings.TOOL_TIMEOUT_SECONDS, cancelled=cancelled
@@ -358,7 +402,9 @@ def sandbox_terminate(sandbox_id: str, *, emit: Emit | None = None, actor: str =
             logger.warning("terminating %s: %s (the reaper will retry)", sandbox.id, error)
         Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.TERMINATED)
         if sandbox.session_id:
-            (emit or _log(sandbox.session_id))(events.sandbox_terminated(sandbox.id, sandbox.name))
+            # A deleted session's log takes no more events (the reaper ends its sandboxes after it is deleted).
+            with suppress(SessionNotFound):
+                (emit or _log(sandbox.session_id))(events.sandbox_terminated(sandbox.id, sandbox.name))
     sandbox.refresh_from_db()
     return sandbox
 

@@ -38,7 +38,7 @@ def _ensure_hand(brain: Brain) -> None:
         _running(brain)
         # A failure is recorded as sandbox.failed; the turn goes on and a tool call will say so.
         with contextlib.suppress(SandboxError):
-            sandbox_provision(brain.session_id, emit=brain.emit)
+            sandbox_provision(brain.session_id, emit=brain.emit, by_brain=True)
 
 
 @dataclass
@@ -256,7 +256,7 @@ def run_hand_tool(brain: Brain, name: str, value: dict[str, Any]) -> tuple[str, 
     hands = {hand.name: hand for hand in held(brain.session_id)}
     try:
         if name == "provision_sandbox":
-            sandbox = sandbox_provision(brain.session_id, name=value["name"], emit=brain.emit)
+            sandbox = sandbox_provision(brain.session_id, name=value["name"], emit=brain.emit, by_brain=True)
             return f"Provisioned sandbox {sandbox.name!r} ({sandbox.id}).", False
         hand = hands.get(value["name"])
         if hand is None:

@@ -254,6 +254,48 @@ def test_no_container_is_left_behind_after_a_worker_dies_mid_call_and_the_reaper
     assert not [s for s in remaining if s and Sandbox.objects.filter(id=s, session_id=session_id).exists()]
 
 
+def test_a_brain_killed_while_provisioning_leaves_the_next_brain_a_sandbox_to_use(brains, docker_engine):
+    """The dead brain's row stays `provisioning` under the hand's name; the next brain of the session gives it
+    up instead of refusing every call ('already holds a sandbox named main') until the reaper's grace ends."""
+    session_id = new_session()
+    session_send_events(
+        session_id,
+        events=[{"type": "user.message", "content": [{"type": "text", "text": "/bash echo first"}]}],
+    )
+    env = child_env(ANTHROPIC_BASE_URL=brains.base_url, SANDBOX_PROVIDER="docker", LEASE_SECONDS="1")
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import django; django.setup(); from harness.brain import run_brain; run_brain({session_id!r})",
+        ],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
+    provisioning = Sandbox.objects.filter(session_id=session_id, status=Sandbox.Status.PROVISIONING)
+    deadline = time.monotonic() + 60
+    while not provisioning.exists():
+        assert time.monotonic() < deadline and worker.poll() is None, "the brain never provisioned"
+        time.sleep(0.01)
+    worker.kill()
+    worker.wait()
+    [stale] = provisioning
+    time.sleep(1.5)  # the dead brain's lease lapses
+
+    assert run_brain(session_id, by="sweeper") == "idle"  # closes the call the dead brain left
+    [(text, is_error)] = results(turn(session_id, "/bash echo second"))
+    assert not is_error, text
+    assert text.endswith("second") and "given up" in text
+    stale.refresh_from_db()
+    assert stale.status in (Sandbox.Status.DEAD, Sandbox.Status.TERMINATED)
+    [hand] = held(session_id)
+    assert hand.name == "main" and hand.id != stale.id
+    reap_orphans(("docker",))
+    sandboxes = {c.labels.get("workbench.sandbox") for c in docker_engine.containers.list(all=True)}
+    assert stale.id not in sandboxes, "the given-up sandbox's container is reaped"
+
+
 def test_a_provider_that_is_down_gives_an_error_result_and_the_session_goes_idle(brains, monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     session_id = new_session()

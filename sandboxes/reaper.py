@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from sandboxes.hands import sandbox_terminate
 from sandboxes.models import Sandbox
-from sandboxes.providers import PROVIDERS, SandboxError, get_provider
+from sandboxes.providers import PROVIDERS, SandboxError, held_by
 
 logger = logging.getLogger(__name__)
 
@@ -51,16 +51,8 @@ def reap_orphans(providers: tuple[str, ...] = PROVIDERS) -> list[str]:
         ).values_list("id", flat=True)
     )
     removed = []
-    for name in providers:
-        try:
-            provider = get_provider(name)
-            handles = provider.list_handles()
-        except (SandboxError, OSError) as error:
-            logger.info("reaper: provider %s unavailable: %s", name, error)
-            continue
+    for provider, handles in held_by(settings.WORKBENCH_DEPLOYMENT, providers):
         for handle, labels in handles.items():
-            if labels.get("workbench.deployment") != settings.WORKBENCH_DEPLOYMENT:
-                continue
             if labels.get("workbench.sandbox") not in live:
                 try:
                     provider.terminate(handle)
@@ -69,3 +61,16 @@ def reap_orphans(providers: tuple[str, ...] = PROVIDERS) -> list[str]:
                     logger.warning("reaper: could not remove %s: %s", handle, error)
     Sandbox.objects.filter(status=Sandbox.Status.DEAD).update(status=Sandbox.Status.TERMINATED)
     return removed
+
+
+def reap_leftovers() -> tuple[int, int]:
+    """What an earlier run of this deployment left, reaped as beat's reaper would: orphans, sandboxes idle past
+    their TTL and those of ended sessions go; those a live session holds stay. (found, reaped)."""
+
+    def handles() -> set[tuple[str, str]]:
+        return {(p.name, handle) for p, held in held_by(settings.WORKBENCH_DEPLOYMENT) for handle in held}
+
+    before = handles()
+    reap_idle()
+    reap_orphans()
+    return len(before), len(before - handles())

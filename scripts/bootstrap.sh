@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
 # Installs what Workbench needs on a Debian 12 machine, skipping what is already there:
 # Debian packages (when root) and the virtualenv in .venv with the project and its dev tools.
-# Usage: scripts/bootstrap.sh [--with-browser] [--with-postgres]
+# Usage: scripts/bootstrap.sh [--with-browser]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-want=(redis-server docker.io mmdebstrap bubblewrap git)
+want=(postgresql redis-server docker.io mmdebstrap bubblewrap git)
 for arg in "$@"; do
   case "$arg" in
     --with-browser) want+=(chromium fonts-dejavu-core) ;;
-    --with-postgres) want+=(postgresql) ;;
   esac
 done
 

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/bootstrap.sh --with-browser --with-postgres
+scripts/bootstrap.sh --with-browser
 scripts/egress-venv.sh
 
 tmp=$(mktemp -d /tmp/workbench-test.XXXXXX)

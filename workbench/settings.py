@@ -100,6 +100,10 @@ else:
             "timeout": env.float("DATABASE_POOL_TIMEOUT", default=30.0),
         }
         DATABASES["default"]["CONN_MAX_AGE"] = 0
+        # The pool checks a connection as it hands it out (one empty round trip): after the server restarts
+        # (`make run` restarts a killed one), the connections the pool kept are dead, and would each fail a
+        # request or a wake instead.
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = env.bool("DATABASE_POOL_CHECK", default=True)
     else:
         DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
         DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)

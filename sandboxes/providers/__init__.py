@@ -8,6 +8,9 @@ provider.terminate(handle)
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+
 from .base import (
     Cancelled,
     EgressRoute,
@@ -32,7 +35,10 @@ __all__ = [
     "ToolFailed",
     "ToolInputError",
     "get_provider",
+    "held_by",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 def get_provider(name: str) -> Provider:
@@ -46,3 +52,21 @@ def get_provider(name: str) -> Provider:
 
         return LocalProvider()
     raise ValueError(f"unknown sandbox provider {name!r}: choose one of {', '.join(PROVIDERS)}")
+
+
+def held_by(
+    deployment: str, providers: tuple[str, ...] = PROVIDERS
+) -> Iterator[tuple[Provider, dict[str, dict[str, str]]]]:
+    """Each provider that answers, with what it still holds (running or not) labelled as `deployment`'s:
+    handle -> labels. One that does not answer (no Docker engine) is left out."""
+    for name in providers:
+        try:
+            provider = get_provider(name)
+            handles = provider.list_handles()
+        except (SandboxError, OSError) as error:
+            logger.info("provider %s unavailable: %s", name, error)
+            continue
+        mine = {
+            h: labels for h, labels in handles.items() if labels.get("workbench.deployment") == deployment
+        }
+        yield provider, mine

@@ -120,7 +120,12 @@ class SessionConsumer(AsyncJsonWebsocketConsumer):
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+    async def receive(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
+    ) -> None:
+        """The socket only sends: any frame from the client, text or binary, gets this answer unread. Parsing it
+        as JSON (the base class does) let a binary frame, text that is not JSON or an array nested too deeply
+        end the consumer with an exception, and Daphne dropped the connection instead of answering."""
         await self.send_json({"type": "error", "message": "This socket only sends; post events to the API."})
 
     async def session_event(self, message: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
+from pydantic import field_validator
 
 from kernel.api.edge import caller
 from kernel.api.pagination import keyset_page
@@ -149,6 +150,14 @@ class VaultCreate(Body):
 class VaultUpdate(Body):
     display_name: Name | None = None
     metadata: MetadataPatch | None = None
+
+    @field_validator("display_name", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        # A vault always has a name: null is refused here, not by the column's NOT NULL (a 500).
+        if value is None:
+            raise ValueError("may be left out, but not null")
+        return value
 
 
 class CredentialCreate(Body):

@@ -56,6 +56,23 @@ def results(events: list) -> list[tuple[str, bool]]:
     ]
 
 
+def brain_in_a_process(session_id: str, text: str, model_url: str, **env: str) -> subprocess.Popen[bytes]:
+    """Send `text`, and run the session's brain in a process of its own, for the test to kill."""
+    session_send_events(
+        session_id, events=[{"type": "user.message", "content": [{"type": "text", "text": text}]}]
+    )
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import django; django.setup(); from harness.brain import run_brain; run_brain({session_id!r})",
+        ],
+        cwd=ROOT,
+        env=child_env(ANTHROPIC_BASE_URL=model_url, SANDBOX_PROVIDER="docker", **env),
+        start_new_session=True,
+    )
+
+
 def test_a_session_that_never_calls_a_tool_never_provisions(brains, docker_engine):
     session_id = new_session()
     turn(session_id, "just talk")
@@ -193,21 +210,7 @@ def test_the_reaper_running_while_the_pool_refills_leaves_the_new_containers_alo
 
 def test_no_container_is_left_behind_after_a_worker_dies_mid_call_and_the_reaper_runs(brains, docker_engine):
     session_id = new_session()
-    session_send_events(
-        session_id,
-        events=[{"type": "user.message", "content": [{"type": "text", "text": "/bash sleep 60"}]}],
-    )
-    env = child_env(ANTHROPIC_BASE_URL=brains.base_url, SANDBOX_PROVIDER="docker")
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"import django; django.setup(); from harness.brain import run_brain; run_brain({session_id!r})",
-        ],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-    )
+    worker = brain_in_a_process(session_id, "/bash sleep 60", brains.base_url)
     deadline = time.monotonic() + 60
     while not held(session_id):  # the call's sandbox is up, so the call is running in it
         assert time.monotonic() < deadline and worker.poll() is None
@@ -258,21 +261,7 @@ def test_a_brain_killed_while_provisioning_leaves_the_next_brain_a_sandbox_to_us
     """The dead brain's row stays `provisioning` under the hand's name; the next brain of the session gives it
     up instead of refusing every call ('already holds a sandbox named main') until the reaper's grace ends."""
     session_id = new_session()
-    session_send_events(
-        session_id,
-        events=[{"type": "user.message", "content": [{"type": "text", "text": "/bash echo first"}]}],
-    )
-    env = child_env(ANTHROPIC_BASE_URL=brains.base_url, SANDBOX_PROVIDER="docker", LEASE_SECONDS="1")
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"import django; django.setup(); from harness.brain import run_brain; run_brain({session_id!r})",
-        ],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-    )
+    worker = brain_in_a_process(session_id, "/bash echo first", brains.base_url, LEASE_SECONDS="1")
     provisioning = Sandbox.objects.filter(session_id=session_id, status=Sandbox.Status.PROVISIONING)
     deadline = time.monotonic() + 60
     while not provisioning.exists():

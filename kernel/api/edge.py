@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from inspect import iscoroutinefunction
 from typing import Any, Literal, get_args, get_origin
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.core.exceptions import (
@@ -27,6 +28,7 @@ from django.core.exceptions import (
     RequestDataTooBig,
     SuspiciousOperation,
 )
+from django.db import connections
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.urls import URLPattern
 from ninja import NinjaAPI
@@ -377,6 +379,12 @@ def _guarded(view: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 begin(request, kwargs)
                 response = await view(request, **kwargs)
+                if response.streaming:
+                    # The stream outlives the request, whose thread would keep the pooled connection its
+                    # authentication and view used until the stream ends: some 35 open streams emptied the
+                    # pool and every other request of the process waited and failed (bench/load.py). The
+                    # stream reads through connections of its own, each returned after its read.
+                    await sync_to_async(connections.close_all)()
             except Exception as error:
                 response = _answer(request, error)
             return _finish(request, response)

@@ -59,8 +59,11 @@ class Sequencer:
         return await self.catch_up()
 
 
-def _sse(name: str, data: dict[str, Any]) -> str:
-    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+def _sse(name: str, data: dict[str, Any], seq: int | None = None) -> str:
+    """One SSE message; a log event's carries its seq as the message id, which a client that reconnects sends
+    back as `Last-Event-ID` to read on from it."""
+    head = f"id: {seq}\n" if seq is not None else ""
+    return f"{head}event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
 async def sse_tail(
@@ -68,8 +71,10 @@ async def sse_tail(
     *,
     previews: frozenset[str],
     recheck: Callable[[], Awaitable[dict[str, Any] | None]] | None = None,
+    after_seq: int | None = None,
 ) -> AsyncIterator[str]:
-    """The SSE body of `events/stream`: events appended after the client attached, with pings. Every
+    """The SSE body of `events/stream`: events appended after the client attached (or, with `after_seq`,
+    every event after that seq first: a client reconnecting with `Last-Event-ID`), with pings. Every
     `STREAM_RECHECK_SECONDS` it asks `recheck` whether the caller may still read it; an error envelope ends
     the stream with an `error` event (the SDK raises it), so a revoked credential stops reading."""
     layer = get_channel_layer()
@@ -77,10 +82,14 @@ async def sse_tail(
     await layer.group_add(group_name(session_id), channel)
     receive: asyncio.Future[Any] = asyncio.ensure_future(layer.receive(channel))
     try:
-        sequencer = Sequencer(session_id, await _length_async(session_id) - 1)
+        last_seq = await _length_async(session_id) - 1
+        sequencer = Sequencer(session_id, last_seq if after_seq is None else max(after_seq, -1))
         loop = asyncio.get_running_loop()
         last_write = last_check = loop.time()
-        yield _sse("ping", {"type": "ping"})
+        missed = await sequencer.catch_up() if after_seq is not None else []
+        yield _sse("ping", {"type": "ping"}) + "".join(
+            _sse(event["type"], event, seq) for seq, event in missed
+        )
         while True:
             if recheck is not None and loop.time() - last_check >= settings.STREAM_RECHECK_SECONDS:
                 last_check = loop.time()
@@ -101,7 +110,7 @@ async def sse_tail(
                         chunks.append(_sse(message["preview"]["type"], message["preview"]))
             else:
                 delivered = await sequencer.catch_up()
-            chunks[:0] = [_sse(event["type"], event) for _, event in delivered]
+            chunks[:0] = [_sse(event["type"], event, seq) for seq, event in delivered]
             if not chunks and loop.time() - last_write >= settings.STREAM_PING_SECONDS:
                 chunks.append(_sse("ping", {"type": "ping"}))
             if chunks:

@@ -181,6 +181,23 @@ def events_send(request: HttpRequest, session_id: str, body: EventsSend) -> dict
     return {"data": [event.as_api() for event in sent]}
 
 
+def _last_event_id(request: HttpRequest, length: int) -> int | None:
+    """The seq a reconnecting stream reads on from (`Last-Event-ID`), None without the header."""
+    value = request.headers.get("Last-Event-ID")
+    if value is None or not value.strip():
+        return None
+    try:
+        seq = int(value.strip())
+    except ValueError:
+        seq = None
+    if seq is None or not -1 <= seq < length:
+        raise Invalid(
+            f"'Last-Event-ID' must be the seq of an event this stream sent (an integer from -1 to {length - 1}), "
+            f"not {value[:40]!r}; leave it out to read only new events."
+        )
+    return seq
+
+
 _SSE = {
     "description": "Server-sent events.",
     "content": {"text/event-stream": {"schema": {"type": "string"}}},
@@ -196,10 +213,18 @@ _SSE = {
 async def events_stream(
     request: HttpRequest, session_id: str, query: Query[StreamQuery]
 ) -> StreamingHttpResponse:
-    """Server-sent events: each event as it is committed, and with `event_deltas[]` its text as it is written."""
-    await sync_to_async(get_session)(session_id)
+    """Server-sent events: each event as it is committed, and with `event_deltas[]` its text as it is written.
+    Each event's SSE `id` is its seq; a client that reconnects with `Last-Event-ID: <seq>` first gets every
+    event after that seq, so it misses nothing and sees nothing twice."""
+    session = await sync_to_async(get_session)(session_id)
+    after_seq = _last_event_id(request, session.next_seq)
     response = StreamingHttpResponse(
-        sse_tail(session_id, previews=frozenset(query.event_deltas), recheck=credential_recheck(request)),
+        sse_tail(
+            session_id,
+            previews=frozenset(query.event_deltas),
+            recheck=credential_recheck(request),
+            after_seq=after_seq,
+        ),
         content_type="text/event-stream",
     )
     response["Cache-Control"] = "no-cache"

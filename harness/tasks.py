@@ -154,6 +154,33 @@ def _timed_out(error: BaseException) -> bool:
     return False
 
 
+BROKER_MARK = "workbench:broker-remembers"
+
+
+def _broker_forgot() -> bool:
+    """Whether the broker lost what it held since the last sweep: a Redis restarted without persistence (as
+    `make run` runs it), flushed or replaced. The sweeper leaves a mark in it; a sweep that finds none knows
+    the wakes queued before are gone (the first sweep of a new deployment thinks so too, which costs at most
+    one extra wake per waiting session). A broker that does not answer forgot nothing we can act on."""
+    if not settings.CELERY_BROKER_URL.startswith(("redis://", "rediss://", "unix://")):
+        return False
+    timeout = settings.WAKE_PUBLISH_TIMEOUT_SECONDS
+    client = redis.Redis.from_url(
+        settings.CELERY_BROKER_URL, socket_timeout=timeout, socket_connect_timeout=timeout
+    )
+    try:
+        forgot = bool(client.set(BROKER_MARK, timezone.now().isoformat(), nx=True))
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+    if forgot:
+        logger.warning(
+            "the broker holds no mark of an earlier sweep: wakes queued before are lost; waking again"
+        )
+    return forgot
+
+
 @shared_task(ignore_result=True, time_limit=60, soft_time_limit=50)
 def sweep() -> int:
     """Re-wake running sessions whose lease lapsed (their brain died): the log shows work left to do.
@@ -163,6 +190,8 @@ def sweep() -> int:
 
     First, the leases held by processes of this host that are gone are freed and their sessions woken: a
     worker killed whole, its pool with it, tells nobody, and its replacement (if any) takes seconds to start.
+    And when the broker lost its queue (`_broker_forgot`), every running session without a living lease is
+    woken now, not after the grace and requeue times that keep it from being queued twice.
     """
     _wake_sessions_of_lost_brains(
         leases_of_gone_processes, "processes of this host that are gone", (), main_process=False
@@ -174,6 +203,9 @@ def sweep() -> int:
     unqueued = Q(wake_queued_at__isnull=True) | Q(
         wake_queued_at__lt=now - timedelta(seconds=settings.WAKE_REQUEUE_SECONDS)
     )
+    if _broker_forgot():
+        # Every wake queued before is gone: no session without a living lease waits for one.
+        lapsed, unqueued = Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True), Q()
     candidates = (
         Session.objects.open()
         .filter(lapsed, unqueued, status=Session.Status.RUNNING)

@@ -152,3 +152,33 @@ def test_the_sweeper_keeps_at_most_one_wake_queued_per_session(transactional_db,
     assert _queued_wakes(redis_url, session.id) - before == 2, (
         "once a brain took the lease, the sweeper queues again"
     )
+
+
+@pytest.mark.redis
+def test_a_broker_that_lost_its_queue_gets_every_waiting_wake_again_at_the_next_sweep(
+    transactional_db, redis_url, settings
+):
+    """Redis restarted without persistence (as `make run` runs it) forgets the wakes it held; the sweeper
+    notices its own mark is gone and queues them again at once, not after the grace (2 x LEASE_SECONDS) or
+    WAKE_REQUEUE_SECONDS that otherwise keep a session from being queued twice."""
+    import redis
+
+    from harness.services.lifecycle import session_create
+    from harness.tasks import sweep
+
+    broker = redis.Redis.from_url(redis_url)
+    session = session_create(
+        agent=make_agent(),
+        environment_id=make_environment(),
+        initial_events=[{"type": "user.message", "content": [{"type": "text", "text": "hello"}]}],
+    )
+    sweep()  # the broker now holds the sweeper's mark (and perhaps one wake more)
+    broker.flushdb()  # the restart: the wake the message queued is gone, and so is the mark
+    assert _queued_wakes(redis_url, session.id) == 0
+    sweep()
+    assert _queued_wakes(redis_url, session.id) == 1, "the running session was not woken again at once"
+    sweep()
+    assert _queued_wakes(redis_url, session.id) == 1, "while the broker remembers, one wake is enough"
+    broker.flushdb()  # again, now that the sweeper itself had queued it (wake_queued_at is set)
+    sweep()
+    assert _queued_wakes(redis_url, session.id) == 1

@@ -9,12 +9,17 @@ Docker socket, so what it hands git is checked first, by the resource's document
 at the API, and here again for rows stored before the API checked. git then runs with no configuration but
 its command line's, speaking only the URL's own protocol. A repository that cannot be cloned is a
 `session.error` the session continues past, as the reference specifies.
+
+With the repository cache on (REPOSITORY_CACHE_DIR), the clone is made from the workers' mirror of the URL
+(sandboxes/mirrors.py), once that mirror is brought up to date from the remote through the same door as the
+session: the remote still decides, at every clone, whether the session may have the repository.
 """
 
 from __future__ import annotations
 
 import io
 import ipaddress
+import logging
 import posixpath
 import re
 import subprocess
@@ -30,8 +35,11 @@ from django.conf import settings
 from kernel.api.validation import expect, no_unknown_fields, text
 from kernel.egress import harness_proxied, harness_proxy_url
 from kernel.errors import Invalid
+from sandboxes import mirrors
 from sandboxes.providers import SandboxError
 from sessions import events
+
+logger = logging.getLogger(__name__)
 
 WORKSPACE = "/workspace/"
 CLONE_TIMEOUT_SECONDS = 300
@@ -208,10 +216,11 @@ def _config(*pairs: str) -> list[str]:
     return [argument for pair in pairs for argument in ("-c", pair)]
 
 
-def _environment(folder: Path, session_id: str) -> dict[str, str]:
+def _environment(folder: Path, session_id: str | None) -> dict[str, str]:
     """git's whole environment: no system or user config; with the proxy's door configured, the proxy for
     http and https (its URL carries the session's identity, so it lives here and never on a command line)
-    and the proxy's CA, whose certificates git meets on https."""
+    and the proxy's CA, whose certificates git meets on https. Without a session (git on local folders
+    alone), no proxy."""
     env = {
         "PATH": "/usr/bin:/bin",
         "HOME": str(folder),
@@ -222,26 +231,17 @@ def _environment(folder: Path, session_id: str) -> dict[str, str]:
         "GIT_TERMINAL_PROMPT": "0",
         "GIT_PROTOCOL_FROM_USER": "0",
     }
-    if harness_proxied():
+    if session_id is not None and harness_proxied():
         env["http_proxy"] = env["https_proxy"] = harness_proxy_url(session_id)
         if settings.EGRESS_CA_FILE:
             env["GIT_SSL_CAINFO"] = settings.EGRESS_CA_FILE
     return env
 
 
-def _clone(repository: dict[str, Any], folder: Path, *, session_id: str) -> Path:
-    """Clone into `folder`/repo, as the repository's checkout says, for session `session_id`.
-
-    The worker holds no token: the egress proxy adds it (see the module's docstring). git reads no system
-    or user config (GIT_CONFIG_NOSYSTEM, HOME in the temporary folder) and no credential helper, may speak
-    only the URL's protocol (so no local path, transport helper, redirect or submodule reaches another),
-    runs no hook, and gets `--` before the URL and the commit. The proxy's identity goes as Basic
-    proxy auth at once (no unauthenticated first try).
-    """
-    url = repository["url"]
-    checkout = repository["checkout"] or {}
-    env = _environment(folder, session_id)
-    git = [
+def _git(url: str) -> list[str]:
+    """git, speaking only `url`'s protocol, running no hook, asking no credential helper, and sending the
+    proxy's identity as Basic proxy auth at once (no unauthenticated first try)."""
+    return [
         "git",
         *_config(
             "protocol.allow=never",
@@ -251,21 +251,104 @@ def _clone(repository: dict[str, Any], folder: Path, *, session_id: str) -> Path
             "http.proxyAuthMethod=basic",
         ),
     ]
-    clone = [*git, "clone", "--quiet", "--no-tags"]
+
+
+def _clone_options(checkout: dict[str, str]) -> list[str]:
+    """The clone's options for the checkout: one commit deep for a branch (or the default one); all history
+    for a commit, switched to afterwards."""
     if checkout.get("type") == "branch":
-        clone += ["--depth=1", f"--branch={checkout['name']}"]
-    elif checkout.get("type") == "commit":
-        clone += ["--no-checkout"]
-    else:
-        clone += ["--depth=1"]
-    target = folder / "repo"
-    _run([*clone, "--", url, str(target)], env=env, checking_out=False)
+        return ["--depth=1", f"--branch={checkout['name']}"]
+    if checkout.get("type") == "commit":
+        return ["--no-checkout"]
+    return ["--depth=1"]
+
+
+def _switch(git: list[str], target: Path, checkout: dict[str, str], *, env: dict[str, str]) -> None:
     if checkout.get("type") == "commit":
         _run(
             [*git, "-C", str(target), "switch", "--quiet", "--detach", "--", checkout["sha"]],
             env=env,
             checking_out=True,
         )
+
+
+def _clone(repository: dict[str, Any], folder: Path, *, session_id: str) -> Path:
+    """Clone into `folder`/repo, as the repository's checkout says, for session `session_id`: from the
+    workers' mirror of the repository (sandboxes/mirrors.py) when the cache is on, from the network
+    otherwise or if the cache cannot serve. Either way, the remote is asked as the session."""
+    if mirrors.cache_enabled():
+        try:
+            with mirrors.mirror_held(repository["url"], wait_s=CLONE_TIMEOUT_SECONDS) as mirror:
+                return _clone_from_mirror(repository, folder, mirror, session_id=session_id)
+        except mirrors.MirrorUnavailable as error:
+            logger.warning("cloning %s without the repository cache: %s", repository["url"], error)
+    return _clone_from_network(repository, folder, session_id=session_id)
+
+
+def _clone_from_network(repository: dict[str, Any], folder: Path, *, session_id: str) -> Path:
+    """The clone straight from the remote.
+
+    The worker holds no token: the egress proxy adds it (see the module's docstring). git reads no system
+    or user config (GIT_CONFIG_NOSYSTEM, HOME in the temporary folder) and no credential helper, may speak
+    only the URL's protocol (so no local path, transport helper, redirect or submodule reaches another),
+    runs no hook, and gets `--` before the URL and the commit.
+    """
+    url = repository["url"]
+    checkout = repository["checkout"] or {}
+    env = _environment(folder, session_id)
+    target = folder / "repo"
+    git = _git(url)
+    _run(
+        [*git, "clone", "--quiet", "--no-tags", *_clone_options(checkout), "--", url, str(target)],
+        env=env,
+        checking_out=False,
+    )
+    _switch(git, target, checkout, env=env)
+    return target
+
+
+def _clone_from_mirror(repository: dict[str, Any], folder: Path, mirror: Path, *, session_id: str) -> Path:
+    """The clone from `mirror` (held locked by the caller), after bringing it up to date from the remote as
+    the session: that fetch is the session's proof of access (sandboxes/mirrors.py), through the same door
+    and with the same git as `_clone_from_network`, and a refusal fails the clone as a refusal of that clone
+    would. The clone from the mirror then takes the same options, speaks git's pack protocol to the mirror
+    (`--no-local`: only what its branches reach, and no alternates or hard links into the cache), and is
+    left as a clone from the URL is: origin is the URL, and the reflogs name it."""
+    url = repository["url"]
+    checkout = repository["checkout"] or {}
+    env = _environment(folder, session_id)
+    git = [*_git(url), *_config("gc.autoDetach=false")]
+    listing = _run([*git, "ls-remote", "--symref", "--", url, "HEAD"], env=env, checking_out=False)
+    _run(
+        [
+            *git,
+            "-C",
+            str(mirror),
+            "fetch",
+            "--quiet",
+            "--prune",
+            "--no-tags",
+            "--",
+            url,
+            "+refs/heads/*:refs/heads/*",
+        ],
+        env=env,
+        checking_out=False,
+    )
+    head = re.search(r"^ref: (refs/heads/[^\t]+)\tHEAD$", listing, re.MULTILINE)
+    if head:
+        _run([*git, "-C", str(mirror), "symbolic-ref", "HEAD", head[1]], env=env, checking_out=False)
+
+    local = _environment(folder, None)
+    target = folder / "repo"
+    git = ["git", *_config("protocol.allow=never", "protocol.file.allow=always", "core.hooksPath=/dev/null")]
+    clone = [*git, "clone", "--quiet", "--no-tags", "--no-local", *_clone_options(checkout)]
+    _run([*clone, "--", str(mirror), str(target)], env=local, checking_out=False)
+    _run([*git, "-C", str(target), "config", "remote.origin.url", url], env=local, checking_out=False)
+    for log in (target / ".git" / "logs").rglob("*"):
+        if log.is_file():
+            log.write_text(log.read_text().replace(f"clone: from {mirror}", f"clone: from {url}"))
+    _switch(git, target, checkout, env=local)
     return target
 
 
@@ -277,7 +360,8 @@ def _scrubbed(stderr: str) -> str:
     return stderr
 
 
-def _run(command: list[str], *, env: dict[str, str], checking_out: bool) -> None:
+def _run(command: list[str], *, env: dict[str, str], checking_out: bool) -> str:
+    """Run git; its output, or a RepositoryError of the kind its complaint says."""
     try:
         run = subprocess.run(command, capture_output=True, text=True, timeout=CLONE_TIMEOUT_SECONDS, env=env)
     except subprocess.TimeoutExpired:
@@ -289,6 +373,7 @@ def _run(command: list[str], *, env: dict[str, str], checking_out: bool) -> None
         raise RepositoryError(
             _failure(stderr, checking_out=checking_out), stderr or f"git exited {run.returncode}"
         )
+    return run.stdout
 
 
 def repository_archive(resource: dict[str, Any], *, session_id: str, where: str = "resource") -> bytes:

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,6 +35,9 @@ os.environ.pop("VAULT_KEYS", None)
 os.environ.pop("VAULT_KEY_FILE", None)
 django_settings.VAULT_PUBLIC_KEYS = os.environ["VAULT_PUBLIC_KEYS"]
 django_settings.VAULT_KEYS = django_settings.VAULT_KEY_FILE = ""
+# The run's repository cache (sandboxes/mirrors.py): a folder of its own, not the checkout's data folder.
+os.environ["REPOSITORY_CACHE_DIR"] = tempfile.mkdtemp(prefix="workbench-test-mirrors-")
+django_settings.REPOSITORY_CACHE_DIR = os.environ["REPOSITORY_CACHE_DIR"]
 
 
 @pytest.fixture(autouse=True)

@@ -266,6 +266,15 @@ SANDBOX_DISK_QUOTA = env.bool("SANDBOX_DISK_QUOTA", default=True)
 # Hosts a session's github_repository may be cloned from over plain http:// or git:// (e.g. 127.0.0.1 for a
 # git server on loopback in development, tests and benchmarks); every other repository URL must be https://.
 REPOSITORY_PLAIN_HOSTS = env.list("REPOSITORY_PLAIN_HOSTS", default=[])
+# The workers' repository cache (sandboxes/mirrors.py): a bare mirror per repository URL, brought up to date
+# through the egress proxy as each session that clones (which must still prove its access), and the clone
+# made from it. Default under the data folder (WORKBENCH_DATA_DIR, `make run`'s, default .cache); empty: no
+# cache, every clone from the network. Past REPOSITORY_CACHE_MAX_MB, the least recently used mirrors go.
+REPOSITORY_CACHE_DIR = env(
+    "REPOSITORY_CACHE_DIR",
+    default=str(BASE_DIR / env("WORKBENCH_DATA_DIR", default=".cache") / "repositories"),
+)
+REPOSITORY_CACHE_MAX_MB = env.int("REPOSITORY_CACHE_MAX_MB", default=10240)
 
 # The vault (vault/crypto.py). Secrets are sealed to an X25519 key-encryption key: the web server and
 # workers seal with its public half (VAULT_PUBLIC_KEYS, JSON, or VAULT_PUBLIC_KEY_FILE); only the egress

@@ -30,6 +30,12 @@ HARNESS_TOKEN = "harness-" + secrets.token_hex(16)
 SESSION = "sesn_clone_test"
 # What the door takes (kernel/egress.py): user `session`, password `<session id>:<EGRESS_HARNESS_TOKEN>`.
 IDENTITY = "Basic " + base64.b64encode(f"session:{SESSION}:{HARNESS_TOKEN}".encode()).decode()
+
+
+def identity(session_id: str) -> str:
+    return "Basic " + base64.b64encode(f"session:{session_id}:{HARNESS_TOKEN}".encode()).decode()
+
+
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authorization", "proxy-connection", "transfer-encoding"}
 
 
@@ -69,9 +75,11 @@ class Processes(threading.Thread):
 @dataclass
 class FakeDoor:
     """Stands in for the egress proxy's workers' door: a plain-http forward proxy that takes only
-    `session:<id>:<HARNESS_TOKEN>` and adds the repository token it holds as git's Basic auth."""
+    `session:<id>:<HARNESS_TOKEN>` (of its one session) and adds the repository token it holds as git's
+    Basic auth."""
 
     token: str
+    session: str = SESSION
     port: int = 0
     identities: list[str | None] = field(default_factory=list)
 
@@ -92,9 +100,9 @@ def _door_handler(door: FakeDoor) -> type[BaseHTTPRequestHandler]:
             self._forward()
 
         def _forward(self) -> None:
-            identity = self.headers.get("Proxy-Authorization")
-            door.identities.append(identity)
-            if identity != IDENTITY:
+            sent = self.headers.get("Proxy-Authorization")
+            door.identities.append(sent)
+            if sent != identity(door.session):
                 self.send_response(407)
                 self.send_header("Proxy-Authenticate", 'Basic realm="egress"')
                 self.send_header("Content-Length", "0")
@@ -125,8 +133,8 @@ def _door_handler(door: FakeDoor) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def fake_door(token: str) -> Iterator[FakeDoor]:
-    door = FakeDoor(token=token)
+def fake_door(token: str, *, session: str = SESSION) -> Iterator[FakeDoor]:
+    door = FakeDoor(token=token, session=session)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _door_handler(door))
     door.port = httpd.server_address[1]
     thread = threading.Thread(target=httpd.serve_forever, name="fake-door", daemon=True)

@@ -1,24 +1,38 @@
-"""Chaos: many sessions doing scripted multi-step `/bash` turns while their brains and hands are killed.
+"""Chaos: many sessions doing scripted multi-step `/bash` turns while their brains, hands and services fail,
+with SSE and WebSocket clients following every session.
 
 The system: the benchmark's own PostgreSQL and Redis, the offline model, three Celery workers (prefork, four
-pool processes each) and beat (the sweeper and the reaper), Docker sandboxes, at the product's defaults
+pool processes each), beat (the sweeper and the reaper) and Daphne, Docker sandboxes, at the product's defaults
 (LEASE_SECONDS 10, SWEEP_SECONDS 2, WAKE_CRASH_LIMIT 3). Every session gets one message of STEPS `/bash`
 lines, so its turn is STEPS tool calls in a row, each in the session's container. While they work, one fault
 every ~KILL_EVERY seconds, chosen at random among what is running:
 - a brain's pool process SIGKILLed (its worker's main process sees it die);
 - a whole worker SIGKILLed with its pool, and a new one started at once, as a supervisor would;
-- a session's sandbox container `docker kill`ed.
+- a session's sandbox container `docker kill`ed;
+and, one every --service-every seconds in turn, a service SIGKILLed and started again as a supervisor would:
+- Redis (no persistence, as `make run` runs it: the queued wakes and the channel layer's groups are gone);
+- PostgreSQL (crash recovery; every connection of every process breaks);
+- Daphne (every client's stream and socket breaks; it comes back on the same port).
 Faults stop when every session is idle or after --seconds; then the sessions get a grace period to finish.
+
+Every session is followed from its first event by an SSE client (`/v1/sessions/{id}/events/stream`) and a
+WebSocket client (`/ws/sessions/{id}/`) with an API key (bench/common/followers.py), each reconnecting after
+any failure from the last seq it received (`Last-Event-ID`, `?after=`).
 
 The audit, per session, from its log: seq is 0..n-1 and epochs never go back; every scripted step was asked
 for in exactly one `agent.tool_use` (none: lost; more: doubled) and has exactly one `agent.tool_result` (done,
 or closed as an error: a killed container, or a call its brain died in, which bash cannot safely re-run); no
 model request recorded more than one answer; the turn ended idle with its final message, not parked
-(`retries_exhausted`) and not still running (stuck). Per fault: the time from it to the session's next event
-written by a newer brain (brain kills) or to its next tool result (container kills).
+(`retries_exhausted`) and not still running (stuck). Every client, once its session settled, received every
+event of the log exactly once, in order, as the log has it. Then the reaper runs (every sandbox idle, as after
+its TTL): no container of the run is left. Per fault: the time from it to the session's next event written by a
+newer brain (brain kills), to its next tool result (container kills), or, for a service, to a client receiving
+the next event of each session that was running when it failed.
 
-Usage: .venv/bin/python -m bench.chaos [--quick] [--sessions N] [--steps N] [--kill-every S] [--seconds S]
-       [--database-url URL] [--redis-url URL] [--note TEXT]
+Usage: .venv/bin/python -m bench.chaos [--quick] [--sessions N] [--steps N] [--step-sleep S] [--kill-every S]
+       [--service-every S] [--seconds S] [--database-url URL] [--redis-url URL] [--note TEXT]
+
+Services are restarted only when they are the benchmark's own (no --database-url / --redis-url).
 
 Needs a Docker engine with the sandbox image (scripts/start-dockerd.sh, scripts/build-image.sh). It prints a
 table, writes bench/results/chaos.json and chaos.png (chaos-quick.* with --quick), removes the containers
@@ -43,13 +57,16 @@ from typing import Any
 if str(Path(__file__).resolve().parent.parent) not in sys.path:  # `python bench/chaos.py` as well as `-m`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common.app import new_agent, new_environment, new_session  # noqa: E402
+from bench.common.app import new_agent, new_api_key, new_environment, new_session  # noqa: E402
+from bench.common.followers import Followers  # noqa: E402
 from bench.common.launcher import Launcher, service_arguments  # noqa: E402
 from bench.common.machine import load_average, machine_info  # noqa: E402
 from bench.common.processes import Processes, wait_until  # noqa: E402
 from bench.common.results import percentile, publish, pyplot, run, save_figure, say, stem  # noqa: E402
 
 POOL, WORKER, CONTAINER = "pool process", "whole worker", "sandbox container"
+REDIS, POSTGRES, DAPHNE = "Redis", "PostgreSQL", "Daphne"
+SERVICES = (REDIS, POSTGRES, DAPHNE)
 TOOLSET = [{"type": "agent_toolset_20260401"}]
 
 
@@ -59,22 +76,29 @@ class Plan:
     steps: int
     kill_every: float  # seconds between faults, on average
     seconds: float  # faults stop after this long at the latest
+    service_every: float = 10.0  # seconds between service restarts (the first after half of it)
+    step_sleep: float = 0.2  # each /bash step's sleep
     workers: int = 3
     concurrency: int = 4
     grace: float = 120.0  # after the faults stop, for every turn to end
 
 
 DEFAULT = Plan(sessions=40, steps=8, kill_every=1.0, seconds=120.0)
-QUICK = Plan(sessions=8, steps=4, kill_every=1.5, seconds=30.0, workers=2, concurrency=2, grace=90.0)
+QUICK = Plan(
+    sessions=8, steps=4, kill_every=1.5, seconds=30.0, service_every=6.0, workers=2, concurrency=2, grace=90.0
+)
 
 
 @dataclass
 class Fault:
     kind: str
     at: float  # wall clock
-    session_id: str
+    session_id: str | None  # the session of a brain or sandbox fault
     epoch: int | None  # the killed brain's lease epoch (brain kills)
-    recovered_s: float | None = None
+    recovered_s: float | None = None  # a service's: the slowest of its sessions'
+    running: list[str] = field(default_factory=list)  # a service fault's: the sessions running then
+    recoveries: list[float] = field(default_factory=list)  # a service fault's, one per session going on
+    down_s: float | None = None  # a service fault's: from the kill to the service answering again
 
 
 @dataclass
@@ -106,8 +130,53 @@ class Brains(Processes):
         return None
 
 
-def script(steps: int, session_no: int) -> str:
-    return "\n".join(f"/bash echo session {session_no} step {k}; sleep 0.2" for k in range(steps)) + "\ndone"
+def script(steps: int, session_no: int, sleep: float) -> str:
+    lines = [f"/bash echo session {session_no} step {k}; sleep {sleep:g}" for k in range(steps)]
+    return "\n".join(lines) + "\ndone"
+
+
+def resilient(read: Any, *args: Any, default: Any = None, wait_s: float = 90.0) -> Any:
+    """`read(*args)` against the database, tried again while PostgreSQL restarts (this process's connections
+    break with it); `default` if it does not answer within `wait_s`."""
+    from django.db import Error, connections
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return read(*args)
+        except Error:
+            connections.close_all()
+            if time.monotonic() > deadline:
+                return default
+            time.sleep(0.2)
+
+
+class Services:
+    """The services a fault may restart: the benchmark's own Redis and PostgreSQL, and its Daphne."""
+
+    def __init__(self, system: Launcher, brains: Brains, daphne_url: str) -> None:
+        self.system, self.brains, self.url = system, brains, daphne_url
+        self.kinds = [
+            k for k in SERVICES if k == DAPHNE or (system.redis if k == REDIS else system.postmaster)
+        ]
+
+    def restart(self, kind: str) -> float:
+        """SIGKILL the service and start it again; the wall-clock time of the kill."""
+        if kind == REDIS:
+            return self.system.restart_redis()
+        if kind == POSTGRES:
+            return self.system.restart_postgres()
+        at = self.brains.kill("daphne")
+        self.brains.daphne(port=int(self.url.rsplit(":", 1)[1]), timeout=120)
+        return at
+
+
+def running_sessions(session_ids: list[str]) -> list[str]:
+    from sessions.models import Session
+
+    return list(
+        Session.objects.filter(id__in=session_ids, status=Session.Status.RUNNING).values_list("id", flat=True)
+    )
 
 
 def inject(brains: Brains, plan: Plan, rng: random.Random, docker: Any, deployment: str) -> Fault | None:
@@ -258,9 +327,9 @@ def steps_done_now(session_ids: list[str]) -> int:
 
 def measure(
     plan: Plan, system: Launcher
-) -> tuple[list[Fault], list[Audit], list[tuple[float, int]], float, float]:
-    """The faults injected, the sessions' audits, progress over time, how long faults ran, and the wall-clock
-    time the sessions started (progress counts from it)."""
+) -> tuple[list[Fault], list[Audit], dict[str, Any], list[tuple[float, int]], float, float]:
+    """The faults injected, the sessions' audits, the clients' audit, progress over time, how long faults ran,
+    and the wall-clock time the sessions started (progress counts from it)."""
     import docker as docker_sdk
     from django.conf import settings
     from django.db import connections
@@ -276,24 +345,45 @@ def measure(
         started = [brains.start_worker(plan.concurrency) for _ in range(plan.workers)]
         wait_until(lambda: all(brains.ready(w) for w in started), 90, "the workers", every=0.1)
         brains.beat(loglevel="INFO", max_interval=1)
+        url = brains.daphne()
+        services = Services(system, brains, url)
         agent = new_agent("chaos", tools=TOOLSET)
         environment = new_environment("chaos")
-        say(f"{plan.sessions} sessions of {plan.steps} /bash steps; a fault every ~{plan.kill_every:g} s")
+        say(
+            f"{plan.sessions} sessions of {plan.steps} /bash steps; a fault every ~{plan.kill_every:g} s; "
+            f"a restart of {', '.join(services.kinds)} in turn every {plan.service_every:g} s; an SSE and a "
+            "WebSocket client on every session"
+        )
         began, began_at = time.monotonic(), time.time()
         session_ids = [
-            new_session(script(plan.steps, i), agent=agent, environment=environment)
+            new_session(script(plan.steps, i, plan.step_sleep), agent=agent, environment=environment)
             for i in range(plan.sessions)
         ]
+        followers = Followers(url, new_api_key("chaos"), session_ids)
+        followers.start()
         next_fault = began + rng.expovariate(1 / plan.kill_every)
+        next_service, service_turn = began + plan.service_every / 2, 0
         last_say = began
-        while time.monotonic() - began < plan.seconds and not all_settled(session_ids):
+        while time.monotonic() - began < plan.seconds and not resilient(all_settled, session_ids):
             now = time.monotonic()
-            if now >= next_fault:
-                fault = inject(brains, plan, rng, client, deployment)
+            if now >= next_service and services.kinds:
+                kind = services.kinds[service_turn % len(services.kinds)]
+                running = resilient(running_sessions, session_ids, default=[])
+                at = services.restart(kind)
+                faults.append(Fault(kind, at, None, None, running=running, down_s=time.time() - at))
+                service_turn += 1
+                next_service = time.monotonic() + plan.service_every
+            elif now >= next_fault:
+                fault = resilient(inject, brains, plan, rng, client, deployment)
                 if fault is not None:
                     faults.append(fault)
                 next_fault = now + rng.expovariate(1 / plan.kill_every)
-            progress.append((now - began, steps_done_now(session_ids)))
+            progress.append(
+                (
+                    now - began,
+                    resilient(steps_done_now, session_ids, default=progress[-1][1] if progress else 0),
+                )
+            )
             if now - last_say >= 10:
                 kinds = Counter(f.kind for f in faults)
                 say(
@@ -308,36 +398,109 @@ def measure(
             f"faults stop after {faulting_s:.0f} s ({len(faults)}); waiting up to {plan.grace:g} s for every turn"
         )
         grace_end = time.monotonic() + plan.grace
-        while time.monotonic() < grace_end and not all_settled(session_ids):
-            progress.append((time.monotonic() - began, steps_done_now(session_ids)))
+        while time.monotonic() < grace_end and not resilient(all_settled, session_ids):
+            progress.append((time.monotonic() - began, resilient(steps_done_now, session_ids)))
             time.sleep(0.5)
         progress.append((time.monotonic() - began, steps_done_now(session_ids)))
+        logs = {s: session_log(s) for s in session_ids}
+        lengths = {s: len(log) for s, log in logs.items()}
+        say("waiting for every client to receive its session's last event")
+        caught_up = wait_for(lambda: followers.reached(lengths), CLIENT_GRACE_SECONDS)
+        followers.stop()
+        clients = followers.audit(logs)
+        clients["caught up"] = caught_up
         audits = [audit(s, plan.steps) for s in session_ids]
         for fault in faults:
-            fault.recovered_s = recovery(fault)
+            if fault.kind in SERVICES:
+                service_recovery(fault, followers)
+            else:
+                fault.recovered_s = recovery(fault)
+        clients["containers left after the reaper"] = reap_and_count(client, deployment, environment)
         for container in client.containers.list(
             all=True, filters={"label": f"workbench.deployment={deployment}"}
         ):
             with contextlib.suppress(Exception):
                 container.remove(force=True)
-    return faults, audits, progress, faulting_s, began_at
+    return faults, audits, clients, progress, faulting_s, began_at
+
+
+CLIENT_GRACE_SECONDS = 60.0  # after the sessions settled, for every client to receive the last event
+
+
+def wait_for(condition: Any, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def session_log(session_id: str) -> list[tuple[int, str]]:
+    from sessions.models import Event
+
+    return list(Event.objects.filter(session_id=session_id).order_by("seq").values_list("seq", "uid"))
+
+
+def service_recovery(fault: Fault, followers: Followers) -> None:
+    """For each session running when the service failed: from the failure to a client (the first of its two)
+    receiving the session's first event written after it. A session with no event after it (its turn had
+    just ended) did not need the service again, and is not counted."""
+    for session_id in fault.running:
+        arrivals = [
+            r.at
+            for f in followers.followers
+            if f.session_id == session_id
+            for r in f.received
+            if r.processed_at > fault.at
+        ]
+        if arrivals:
+            fault.recoveries.append(max(0.0, min(arrivals) - fault.at))
+    fault.recovered_s = max(fault.recoveries) if fault.recoveries else None
+
+
+def reap_and_count(client: Any, deployment: str, environment_id: str) -> int:
+    """Run the reaper as beat's would once every sandbox of the run is idle past its TTL (made 0 here) and no
+    provisioning is in flight (every session settled): the containers of this deployment still there."""
+    from sandboxes import reaper
+    from sandboxes.models import Environment
+
+    found = Environment.objects.get(id=environment_id)
+    Environment.objects.filter(id=environment_id).update(
+        config={**found.config, "sandbox": {**(found.config.get("sandbox") or {}), "idle_ttl_seconds": 0}}
+    )
+    from datetime import timedelta
+
+    reaper.PROVISIONING_GRACE = timedelta(0)
+    time.sleep(1.0)  # idle past 0 s, by the database's clock
+    reaper.reap_leftovers()
+    return len(client.containers.list(all=True, filters={"label": f"workbench.deployment={deployment}"}))
 
 
 def summary(
-    plan: Plan, faults: list[Fault], audits: list[Audit]
+    plan: Plan, faults: list[Fault], audits: list[Audit], clients: dict[str, Any]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The faults by kind with their recovery times, and the audit's counts."""
+    """The faults by kind with their recovery times (a service's: one per session it held up), and the
+    audit's counts."""
     rows: list[dict[str, Any]] = []
-    for kind in (POOL, WORKER, CONTAINER):
+    for kind in (POOL, WORKER, CONTAINER, *SERVICES):
         of_kind = [f for f in faults if f.kind == kind]
-        times = [f.recovered_s for f in of_kind if f.recovered_s is not None]
+        downs = [f.down_s for f in of_kind if f.down_s is not None]
+        if kind in SERVICES:
+            times = [t for f in of_kind for t in f.recoveries]
+        else:
+            times = [f.recovered_s for f in of_kind if f.recovered_s is not None]
         rows.append(
             {
-                "fault": f"{kind} killed",
+                "fault": f"{kind} {'restarted' if kind in SERVICES else 'killed'}",
                 "n": len(of_kind),
+                "sessions held up": sum(len(f.running) for f in of_kind)
+                if kind in SERVICES
+                else len(of_kind),
+                "down p50 s": round(percentile(downs, 0.5), 2) if downs else None,
                 "recovered p50 s": round(percentile(times, 0.5), 2) if times else None,
                 "recovered p95 s": round(percentile(times, 0.95), 2) if times else None,
-                "not recovered": len(of_kind) - len(times),
+                "not recovered": (len(of_kind) - len(times)) if kind not in SERVICES else None,
             }
         )
     total = plan.sessions * plan.steps
@@ -350,6 +513,13 @@ def summary(
         "sessions parked": sum(a.parked for a in audits),
         "sessions stuck": sum(a.stuck for a in audits),
         "sessions with other problems": sum(bool(a.problems) and not (a.lost or a.doubled) for a in audits),
+        "clients (SSE and WebSocket)": clients["clients"],
+        "clients that missed an event": clients["clients that missed an event"],
+        "clients that saw an event twice": clients["clients that saw an event twice"],
+        "clients that saw events out of order": clients["clients that saw events out of order"],
+        "clients that saw an event unlike the log's": clients["clients that saw an event unlike the log's"],
+        "client reconnections": clients["reconnections"],
+        "containers left after the reaper": clients["containers left after the reaper"],
     }
     return rows, [{"audit": name, "n": value} for name, value in counts.items()]
 
@@ -362,7 +532,14 @@ def plot(
     left.plot(
         [t for t, _ in progress], [n for _, n in progress], color="#3b6ea8", label="tool results written"
     )
-    colours = {POOL: "#d0803a", WORKER: "#a33", CONTAINER: "#6a9a4a"}
+    colours = {
+        POOL: "#d0803a",
+        WORKER: "#a33",
+        CONTAINER: "#6a9a4a",
+        REDIS: "#8a4fb0",
+        POSTGRES: "#2f7f8f",
+        DAPHNE: "#c9a227",
+    }
     for kind, colour in colours.items():
         at = [f.at - began for f in faults if f.kind == kind]
         if at:
@@ -381,7 +558,13 @@ def plot(
     left.set_title("Progress under faults")
     left.legend(fontsize=8)
     for kind, colour in colours.items():
-        times = sorted(f.recovered_s for f in faults if f.kind == kind and f.recovered_s is not None)
+        times = sorted(
+            t
+            for f in faults
+            if f.kind == kind
+            for t in (f.recoveries if kind in SERVICES else [f.recovered_s])
+            if t is not None
+        )
         if times:
             right.plot(
                 times,
@@ -412,6 +595,16 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument(
         "--seconds", type=float, help=f"faults stop after this long at most (default {DEFAULT.seconds:g})"
     )
+    parser.add_argument(
+        "--service-every",
+        type=float,
+        help=f"seconds between restarts of Redis, PostgreSQL and Daphne, in turn (default {DEFAULT.service_every:g}; 0: none)",
+    )
+    parser.add_argument(
+        "--step-sleep",
+        type=float,
+        help=f"each /bash step's sleep in seconds (default {DEFAULT.step_sleep:g})",
+    )
     service_arguments(parser)
     parser.add_argument(
         "--note", default="", help="a remark saved with the results (e.g. what code was measured)"
@@ -427,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps or base.steps,
         kill_every=args.kill_every or base.kill_every,
         seconds=args.seconds or base.seconds,
+        service_every=base.service_every if args.service_every is None else args.service_every,
+        step_sleep=base.step_sleep if args.step_sleep is None else args.step_sleep,
         workers=base.workers,
         concurrency=base.concurrency,
         grace=base.grace,
@@ -436,12 +631,16 @@ def main(argv: list[str] | None = None) -> int:
         system.model()
         system.start_services(max_connections=200)
         machine = machine_info()
-        faults, audits, progress, faulting_s, began_at = measure(plan, system)
+        faults, audits, clients, progress, faulting_s, began_at = measure(plan, system)
         machine["load_average_at_end"] = load_average()
-    by_kind, counts = summary(plan, faults, audits)
+    by_kind, counts = summary(plan, faults, audits, clients)
     broken = [a for a in audits if a.lost or a.doubled or a.stuck or a.parked or a.problems]
     for found in broken[:10]:
         say(f"  {found.session_id}: {'; '.join(found.problems) or ('parked' if found.parked else 'stuck')}")
+    for problem in clients["problems"][:10]:
+        say(f"  client {problem}")
+    clients_broken = bool(clients["problems"]) or not clients["caught up"]
+    left = clients["containers left after the reaper"]
     result = {
         "benchmark": "chaos",
         "quick": args.quick,
@@ -454,13 +653,14 @@ def main(argv: list[str] | None = None) -> int:
         "audit": counts,
         "fault_log": [asdict(f) | {"at": round(f.at - began_at, 3)} for f in faults],
         "sessions_with_problems": [asdict(a) for a in broken],
-        "targets": {"met": int(not broken), "total": 1},
+        "clients": clients,
+        "targets": {"met": int(not broken) + int(not clients_broken) + int(not left), "total": 3},
     }
     title = (
         f"bench/chaos: {plan.sessions} sessions x {plan.steps} steps, {len(faults)} faults, {machine['date']}"
     )
     publish(stem("chaos", args.quick), result, lambda png: plot(png, faults, progress, began_at, title))
-    return 1 if broken else 0
+    return 1 if broken or clients_broken or left else 0
 
 
 if __name__ == "__main__":

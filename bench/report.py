@@ -27,7 +27,10 @@ ORDER = ("log", "harness", "chaos", "sandboxes", "workqueue", "work_queue", "ui"
 TITLES = {
     "log": "The session log: appends and slice reads (bench/log.py)",
     "harness": "The brain: resume after SIGKILL, overhead per model call (bench/harness.py)",
-    "chaos": "Chaos: sessions of /bash steps while brains and sandboxes are killed, audited (bench/chaos.py)",
+    "chaos": (
+        "Chaos: sessions of /bash steps while brains, sandboxes, Redis, PostgreSQL and Daphne fail, with SSE and "
+        "WebSocket clients on every session, audited (bench/chaos.py)"
+    ),
     "sandboxes": "Sandboxes: provisioning and tool-call round trips (bench/sandboxes.py)",
     "ui": "The browser UI: opening a long session, live appends in many pages (bench/ui.py)",
     "ttft": "Time to first token: coupled vs decoupled sandboxes (bench/ttft.py)",
@@ -232,11 +235,14 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
     plan, settings, phases = data["plan"], data["settings"], data.get("phases", {})
     repo, rows, platform = settings["repository"], data["summary"], data.get("platform") or {}
     out = [
-        f"**Phase 1** — {plan['per_mode']} sessions per mode (after {plan['warmup']} warm-up each), the three modes "
+        f"**Phase 1** — {plan['per_mode']} sessions per mode (after {plan['warmup']} warm-up each), the {len(rows)} modes "
         f"interleaved round-robin at Poisson arrivals of {plan['rate']:g}/s. Every session's environment clones a "
         f"repository of {repo['files']:,} files ({repo['tree_mb']} MB of tree, {repo['commits']} commits) served by "
-        f"`git daemon` on loopback, into {plan.get('provider', 'docker')} sandboxes: *coupled* before the first model call (`provisioning: eager`), *decoupled* at "
-        f"the first tool call (lazy), *decoupled+pool* likewise with a warm pool of {plan['warm_pool']}. TTFT runs "
+        f"`git daemon` on loopback, into {plan.get('provider', 'docker')} sandboxes: *coupled* before the first model call (`provisioning: eager`), *decoupled* "
+        "beside the first model request (lazy, provisioned ahead; at the first tool call before that existed), "
+        f"*decoupled+pool* likewise with a warm pool of {plan['warm_pool']}"
+        + (", *decoupled, not ahead* at the first tool call (`speculative: never`)" if len(rows) > 3 else "")
+        + ". TTFT runs "
         "from the POST of a plain-text user message to the first `event_delta` on the client's SSE stream. The "
         f"offline model's fixed TTFT is {plan['model_ttft_ms']:g} ms ({plan['model_tps']:g} tokens/s); *platform* "
         f"= TTFT − that. Meanwhile {plan['background']} background sessions ran agent turns (thinking, `bash` in "
@@ -256,7 +262,9 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
             "p50 reduction",
             "p95 reduction",
             "p99 reduction",
-            "first tool result p50 ms (n)",
+            "first tool result p50 / p95 ms (n)",
+            "× coupled p50",
+            "two-message exchange p50 / p95 ms",
         ],
         [
             [
@@ -271,7 +279,10 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
                 pct(r["p50_reduction"]),
                 pct(r["p95_reduction"]),
                 pct(r["p99_reduction"]),
-                f"{num(r['tool_result_p50_ms'], 0)} ({r['tool_result_n']})",
+                f"{num(r['tool_result_p50_ms'], 0) or '–'} / {num(r.get('tool_result_p95_ms'), 0) or '–'} "
+                f"({r['tool_result_n']})",
+                "–" if r.get("tool_result_vs_coupled") is None else f"{r['tool_result_vs_coupled']:.2f}",
+                f"{num(r.get('exchange_p50_ms'), 0) or '–'} / {num(r.get('exchange_p95_ms'), 0) or '–'}",
             ]
             for r in rows
         ],
@@ -284,7 +295,9 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
             f"{num(coupled['clone_p50_ms'], 0)} ms. The decoupled modes reach the model request in "
             f"{num(rows[1]['to_request_p50_ms'], 0)} / {num(rows[2]['to_request_p50_ms'], 0)} ms. The first tool "
             "result (a second message, every "
-            f"{plan['tool_turn_every']}th session) is where the decoupled modes pay for the sandbox and the clone; "
+            f"{plan['tool_turn_every']}th session, sent when the first turn is idle) is where the decoupled modes pay "
+            "for what of the sandbox and the clone is not done by then; the exchange runs from the first POST to the "
+            "second turn's idle; "
             f"{rows[2]['pooled_first_sandboxes']} of {rows[2]['tool_result_n']} decoupled+pool ones came from the pool.",
             "",
         ]

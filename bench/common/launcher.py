@@ -73,21 +73,28 @@ def local_postgres(folder: Path, *, max_connections: int = 100, settings: str = 
 
 @contextlib.contextmanager
 def local_redis(folder: Path) -> Iterator[str]:
-    """A private Redis without persistence; its pid is in `folder`/redis.pid."""
+    """A private Redis without persistence (as `make run` starts it); its pid is in `folder`/redis.pid."""
     port = free_port()
-    pidfile = folder / "redis.pid"
-    options = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    options += ["--daemonize", "yes", "--pidfile", str(pidfile), "--logfile", str(folder / "redis.log")]
-    subprocess.run(["redis-server", *options, "--dir", str(folder)], check=True)
+    start_redis(folder, port)
     try:
-        for _ in range(50):
-            if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         with contextlib.suppress(OSError, ValueError):
-            os.kill(int(pidfile.read_text()), signal.SIGTERM)
+            os.kill(int((folder / "redis.pid").read_text()), signal.SIGTERM)
+
+
+def start_redis(folder: Path, port: int) -> int:
+    """redis-server on 127.0.0.1:`port`, without persistence, once it answers; its pid."""
+    pidfile = folder / "redis.pid"
+    pidfile.unlink(missing_ok=True)
+    options = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    options += ["--daemonize", "yes", "--pidfile", str(pidfile), "--logfile", str(folder / "redis.log")]
+    subprocess.run(["redis-server", *options, "--dir", str(folder)], check=True)
+    for _ in range(100):
+        if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode == 0:
+            break
+        time.sleep(0.05)
+    return int(pidfile.read_text())
 
 
 def service_arguments(parser: argparse.ArgumentParser) -> None:
@@ -208,9 +215,77 @@ class Launcher:
             raise Failed(f"bench/{self.name}: needs PostgreSQL, not {connection.vendor}")
         call_command("migrate", verbosity=0)
 
+    def restart_redis(self) -> float:
+        """SIGKILL the benchmark's own Redis and start it again on its port: everything it held (queued tasks,
+        channel subscriptions) is gone, as after a crash of `make run`'s Redis. The wall-clock time of the kill."""
+        if self.redis is None or not self.redis_url:
+            raise Failed(f"bench/{self.name}: restarts only a Redis of its own")
+        at = time.time()
+        os.kill(self.redis, signal.SIGKILL)
+        while _alive(self.redis):
+            time.sleep(0.01)
+        self.redis = start_redis(self.folder, int(self.redis_url.rsplit(":", 1)[1].split("/")[0]))
+        return at
+
+    def restart_postgres(self) -> float:
+        """SIGKILL the benchmark's own postmaster, then start it again (crash recovery replays the WAL): every
+        connection breaks and nothing committed is lost. The wall-clock time of the kill."""
+        if self.postmaster is None:
+            raise Failed(f"bench/{self.name}: restarts only a PostgreSQL of its own")
+        cluster = self.folder / "pg" / "pg"
+        options = _server_options((cluster / "postmaster.opts").read_text())
+        at = time.time()
+        os.kill(self.postmaster, signal.SIGKILL)
+        while _alive(self.postmaster):
+            time.sleep(0.01)
+        # Its backends notice the postmaster is gone and exit; the new one refuses to start while they live.
+        pgbin = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name))[-1]
+        runas = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else []
+        start: list[str | Path] = [
+            pgbin / "pg_ctl",
+            "-D",
+            cluster,
+            "-l",
+            self.folder / "pg" / "pg.log",
+            "-w",
+            "-t",
+            "60",
+        ]
+        for _ in range(100):
+            started = subprocess.run([*runas, *start, "-o", options, "start"], capture_output=True, text=True)
+            if started.returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            raise Failed(f"bench/{self.name}: PostgreSQL did not start again: {started.stderr[-2000:]}")
+        self.postmaster = int((cluster / "postmaster.pid").read_text().split()[0])
+        return at
+
     def cpu_seconds(self, parts: dict[str, str]) -> dict[str, float]:
         """CPU seconds so far of this system by part: `parts` maps a label to the name prefix of the processes
         it counts (with all they forked); PostgreSQL and Redis when they are the benchmark's own."""
         groups = {label: self.processes.pids(prefix) for label, prefix in parts.items()}
         singles = {"redis": self.redis} if self.redis else {}
         return cpu_seconds_by_part(groups, singles, self.postmaster)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # a child of ours (none of these are) would stay a zombie
+    return True
+
+
+def _server_options(opts: str) -> str:
+    """The options the postmaster was started with, from its postmaster.opts (the binary, then each argument
+    quoted), without its data folder, which pg_ctl gives."""
+    import shlex
+
+    words = shlex.split(opts)[1:]
+    if "-D" in words:
+        at = words.index("-D")
+        del words[at : at + 2]
+    return " ".join(shlex.quote(w) for w in words)

@@ -139,12 +139,13 @@ class Processes:
         cwd: Path = ROOT,
         log: Path | None = None,
         timeout: float = 60,
+        port: int | None = None,
     ) -> str:
         """Daphne serving `workbench.asgi` of the checkout `cwd` (Daphne imports from its cwd first) on a free
-        loopback port; its URL once /healthz answers."""
+        loopback port (or `port`: one an earlier Daphne let go); its URL once /healthz answers."""
         import httpx
 
-        url = f"http://127.0.0.1:{free_port()}"
+        url = f"http://127.0.0.1:{port or free_port()}"
         command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", url.rsplit(":", 1)[1]]
         self.start(name, [*command, "workbench.asgi:application"], env=env, cwd=cwd, log=log)
 

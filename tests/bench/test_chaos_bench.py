@@ -1,6 +1,8 @@
 """bench/chaos.py, small: sessions of scripted /bash steps while pool processes, whole workers and sandbox
-containers are killed at random, on the benchmark's own PostgreSQL, Redis, Celery workers and beat. The audit
-is the test: no step lost or run twice, no session stuck or parked, every fault's session going on after it."""
+containers are killed at random and Redis, PostgreSQL and Daphne are restarted in turn, on the benchmark's own
+services, with an SSE and a WebSocket client on every session. The audit is the test: no step lost or run
+twice, no session stuck or parked, every client saw every event once and in order after reconnecting, and
+no container is left after the reaper."""
 
 from __future__ import annotations
 
@@ -30,9 +32,13 @@ def test_a_small_chaos_run_loses_nothing_doubles_nothing_and_leaves_no_session_s
             "--sessions",
             "6",
             "--steps",
-            "3",
+            "4",
+            "--step-sleep",
+            "4",
+            "--service-every",
+            "5",
             "--seconds",
-            "25",
+            "30",
         ],
         cwd=ROOT,
         env=env,
@@ -44,10 +50,23 @@ def test_a_small_chaos_run_loses_nothing_doubles_nothing_and_leaves_no_session_s
     assert run.returncode == 0, output
     result = json.loads((tmp_path / "chaos-quick.json").read_text())
     audit = {row["audit"]: row["n"] for row in result["audit"]}
-    assert audit["steps scripted"] == 18
-    assert audit["steps done"] + audit["steps closed as errors"] == 18, output
+    assert audit["steps scripted"] == 24
+    assert audit["steps done"] + audit["steps closed as errors"] == 24, output
     for broken in ("lost", "doubled", "sessions parked", "sessions stuck", "sessions with other problems"):
         assert audit[broken] == 0, f"{broken}: {result['sessions_with_problems']}"
+    assert audit["clients (SSE and WebSocket)"] == 12
+    for broken in (
+        "clients that missed an event",
+        "clients that saw an event twice",
+        "clients that saw events out of order",
+        "clients that saw an event unlike the log's",
+    ):
+        assert audit[broken] == 0, f"{broken}: {result['clients']['problems']}"
+    assert result["clients"]["caught up"], result["clients"]
+    assert audit["client reconnections"] > 0, "no client had to reconnect: the restarts broke nothing it held"
+    assert audit["containers left after the reaper"] == 0
     kinds = {row["fault"]: row["n"] for row in result["faults_by_kind"]}
     assert sum(kinds.values()) >= 3, f"too few faults to mean anything: {kinds}"
+    for service in ("Redis", "PostgreSQL", "Daphne"):
+        assert kinds[f"{service} restarted"] >= 1, f"no {service} restart while sessions ran: {kinds}"
     assert (tmp_path / "chaos-quick.png").stat().st_size > 0

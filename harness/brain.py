@@ -24,9 +24,10 @@ from harness.harnesses import harness_for, pending
 from harness.harnesses.steps import AwaitAction, CloseCall, RecordRecovery, Recover, parked_notice
 from harness.lease import Lease, lease_acquire, lease_held, owner_name
 from harness.model import Cancelled
+from harness.speculation import Ahead, speculating
 from harness.tools import runs_on_worker
 from harness.watcher import watcher
-from sandboxes.provisioning import provisioning_mode
+from sandboxes.provisioning import provisioning_mode, speculation_policy
 from sessions import events
 from sessions.models import Event
 from sessions.selectors import events_after, get_events
@@ -113,6 +114,7 @@ class Brain:
         self.lost = threading.Event()
         self._cancel_hook: Callable[[], None] | None = None
         self._cancel_floor = self.state.last_seq
+        self._ahead: Ahead | None = None
 
     def __enter__(self) -> Self:
         watcher().add(self)
@@ -121,7 +123,10 @@ class Brain:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
-        watcher().remove(self)
+        try:
+            self.wait_for_hands()  # under the lease, which the watcher renews meanwhile
+        finally:
+            watcher().remove(self)
 
     @property
     def epoch(self) -> int:
@@ -141,6 +146,24 @@ class Brain:
     def provisioning(self) -> str:
         """The environment's lazy or eager ("coupled") provisioning of the session's first sandbox."""
         return provisioning_mode(self.lease.environment)
+
+    # -- the hands
+
+    def provision_ahead(self, *, toolset: bool) -> None:
+        """Start the session's sandbox while the model thinks, once a wake, if the turn will likely need it
+        (harness/speculation.py)."""
+        policy = speculation_policy(self.lease.environment)
+        if (
+            self._ahead is None
+            and not self.self_hosted
+            and speculating(policy, toolset=toolset, lazy=self.provisioning == "lazy")
+        ):
+            self._ahead = Ahead(self.session_id, epoch=self.epoch, always=policy == "always")
+
+    def wait_for_hands(self) -> None:
+        """Before a sandbox is used, provisioned or released: the provisioning ahead, if any, has ended."""
+        if self._ahead is not None:
+            self._ahead.wait()
 
     # -- writing
 

@@ -68,6 +68,7 @@ SANDBOX_DEFAULTS: dict[str, Any] = {
     "max_sandboxes": None,
     "idle_ttl_seconds": 3600,
     "provisioning": None,
+    "speculative": None,
 }
 # Numbers where null means the installation's default (SANDBOX_DISK_MB, SANDBOX_MAX_PER_SESSION).
 _NULLABLE = ("disk_mb", "max_sandboxes")
@@ -124,6 +125,8 @@ def _sandbox(value: Any) -> dict[str, Any]:
     expect(sandbox["image"], str, "'config.sandbox.image'", nullable=True)
     if sandbox["provisioning"] not in (None, "lazy", "eager"):
         raise Invalid("'config.sandbox.provisioning' must be 'lazy' or 'eager' (coupled).")
+    if sandbox["speculative"] not in (None, "auto", "always", "never"):
+        raise Invalid("'config.sandbox.speculative' must be 'auto', 'always' or 'never'.")
     for key, (low, high, setting) in _bounds().items():
         if key in value:
             _number(key, value[key], low, high, setting)

@@ -61,6 +61,9 @@ def _new_sandbox(environment: Environment, *, session: Session, name: str, label
     the caller then starts. Nothing slow: the session's row is locked meanwhile."""
     pooled = pool_take(environment, session=session, name=name)
     if pooled is not None:
+        if labels.get("speculative"):  # unused, it is reaped sooner (sandboxes/reaper.py)
+            pooled.labels = {**pooled.labels, "speculative": True}
+            Sandbox.objects.filter(id=pooled.id).update(labels=pooled.labels)
         return pooled
     return Sandbox.objects.create(
         environment=environment,
@@ -126,12 +129,18 @@ def _check_room(session: Session, name: str | None) -> None:
 
 
 def sandbox_provision(
-    session_id: str, *, name: str = DEFAULT_HAND, emit: Emit | None = None, by_brain: bool = False
+    session_id: str,
+    *,
+    name: str = DEFAULT_HAND,
+    emit: Emit | None = None,
+    by_brain: bool = False,
+    speculative: bool = False,
 ) -> Sandbox:
     """A new hand for the session under `name`, which must be a free, valid name within the session's cap.
 
     `by_brain`: asked by the brain holding the session's lease, which first gives up what a stopped brain of
-    the session left provisioning under that name."""
+    the session left provisioning under that name. `speculative`: before any call asked for it
+    (`sandbox_provision_ahead`); labelled so until a call uses it."""
     emit = emit or _log(session_id)
     _check_name(name)
     with transaction.atomic():
@@ -146,7 +155,9 @@ def sandbox_provision(
         if by_brain:
             _give_up_a_stopped_brains_provisioning(session, name)
         _check_room(session, name)
-        labels = {"lease_epoch": session.lease_epoch} if by_brain else {}
+        labels: dict[str, Any] = {"lease_epoch": session.lease_epoch} if by_brain else {}
+        if speculative:
+            labels["speculative"] = True
         sandbox = _new_sandbox(session.environment, session=session, name=name, labels=labels)
     if sandbox.status == Sandbox.Status.PROVISIONING:
         provider = provider_of(sandbox)
@@ -179,6 +190,37 @@ def sandbox_provision(
     return sandbox
 
 
+PREPARED_RESOURCES = ("github_repository", "file")  # what a session's sandbox is prepared with
+
+
+def sandbox_provision_ahead(session_id: str, *, always: bool, emit: Emit) -> Sandbox | None:
+    """The session's default hand, provisioned before a tool call asks for it, by the brain holding the lease
+    (harness/speculation.py) while its model thinks: if the session holds no sandbox and is not self-hosted,
+    and (unless `always`) has resources its sandbox is prepared with, which take time. None otherwise."""
+    session = Session.objects.select_related("environment").filter(id=session_id).first()
+    if session is None or (session.environment.config or {}).get("type") == "self_hosted":
+        return None
+    if not always and not any(
+        isinstance(resource, dict) and resource.get("type") in PREPARED_RESOURCES
+        for resource in session.resources
+    ):
+        return None
+    if held(session_id):
+        return None
+    try:
+        return sandbox_provision(session_id, emit=emit, by_brain=True, speculative=True)
+    except Invalid:  # the name or the last place was taken meanwhile: the tool call will say so
+        return None
+
+
+def _used(sandbox: Sandbox) -> None:
+    """A call ran in `sandbox`: it is no longer idle, nor (if it was) an unused speculative sandbox."""
+    used: dict[str, Any] = {"last_used_at": timezone.now()}
+    if sandbox.labels.get("speculative"):
+        used["labels"] = {**sandbox.labels, "speculative": False}
+    Sandbox.objects.filter(id=sandbox.id).update(**used)
+
+
 def _hand(session_id: str, name: str | None) -> Sandbox | None:
     hands = held(session_id)
     if name is None:
@@ -202,13 +244,16 @@ def execute(
                 names = ", ".join(hand.name for hand in held(session_id))
                 return f"This session holds no sandbox named {wanted!r}; it holds: {names}.", True
             hand_name = wanted or DEFAULT_HAND
-            earlier = set(
-                Sandbox.objects.filter(
+            # What the model knew of: a sandbox provisioned ahead that failed before any call used it is not.
+            earlier = {
+                status
+                for status, labels in Sandbox.objects.filter(
                     session_id=session_id,
                     name=hand_name,
                     status__in=(Sandbox.Status.DEAD, Sandbox.Status.PROVISIONING),
-                ).values_list("status", flat=True)
-            )
+                ).values_list("status", "labels")
+                if not labels.get("speculative")
+            }
             sandbox = sandbox_provision(session_id, name=hand_name, emit=emit, by_brain=True)
             if Sandbox.Status.PROVISIONING in earlier:
                 note = (
@@ -220,7 +265,7 @@ def execute(
         text = provider_of(sandbox).execute(
             sandbox.handle, name, input, timeout_s=settings.TOOL_TIMEOUT_SECONDS, cancelled=cancelled
         )
-        Sandbox.objects.filter(id=sandbox.id).update(last_used_at=timezone.now())
+        _used(sandbox)
         return note + text, False
     except SandboxGone as gone:
         assert sandbox is not None
@@ -231,6 +276,8 @@ def execute(
             "call will provision a new sandbox."
         ), True
     except (ToolFailed, ToolInputError) as failure:
+        if sandbox is not None:
+            _used(sandbox)
         return note + str(failure), True
     except Invalid as refused:  # a hand it may not provision: a bad name, or the session's cap
         return refused.message, True

@@ -118,6 +118,12 @@ def provisioning_mode(config: dict[str, Any]) -> str:
     return (config.get("sandbox") or {}).get("provisioning") or settings.SANDBOX_PROVISIONING
 
 
+def speculation_policy(config: dict[str, Any]) -> str:
+    """ "auto", "always" or "never": whether a lazy environment's turns provision the sandbox ahead of the first
+    tool call (harness/speculation.py), from an environment's config, else SPECULATIVE_PROVISIONING."""
+    return (config.get("sandbox") or {}).get("speculative") or settings.SPECULATIVE_PROVISIONING
+
+
 def provider_name(environment: Environment) -> str:
     return (environment.config.get("sandbox") or {}).get("provider") or settings.SANDBOX_PROVIDER
 

@@ -21,7 +21,8 @@ PROVISIONING_GRACE = timedelta(minutes=2)
 
 
 def reap_idle() -> list[str]:
-    """Terminate sandboxes idle past their environment's TTL, and those of sessions that have ended."""
+    """Terminate sandboxes idle past their environment's TTL (one provisioned ahead and never used: past
+    SPECULATIVE_IDLE_SECONDS, if shorter), and those of sessions that have ended."""
     now = timezone.now()
     reaped = []
     ready = Sandbox.objects.filter(status=Sandbox.Status.READY).exclude(
@@ -29,6 +30,8 @@ def reap_idle() -> list[str]:
     )
     for sandbox in ready.select_related("environment", "session"):
         ttl = int((sandbox.environment.config.get("sandbox") or {}).get("idle_ttl_seconds", 3600))
+        if sandbox.labels.get("speculative"):  # provisioned ahead of a tool call that has not come
+            ttl = min(ttl, settings.SPECULATIVE_IDLE_SECONDS)
         session = sandbox.session
         ended = session is not None and (session.status == "terminated" or session.deleted_at is not None)
         if ended or sandbox.last_used_at < now - timedelta(seconds=ttl):

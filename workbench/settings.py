@@ -243,6 +243,15 @@ WORKBENCH_DEPLOYMENT = env(
 # "lazy": a sandbox is provisioned by the first tool call that needs one. "eager" ("coupled"): the
 # session's first turn provisions it before the first model call, for the latency comparison.
 SANDBOX_PROVISIONING = env("SANDBOX_PROVISIONING", default="lazy")
+# Lazy provisioning's head start (harness/speculation.py): when a turn begins and the session holds no
+# sandbox, its sandbox is provisioned in the background while the model thinks, and the first tool call
+# takes it (or waits only for the rest). "auto": if the agent has the toolset and the session has resources
+# its sandbox is prepared with (repositories, files); "always": whenever the agent has the toolset; "never".
+# An environment's config.sandbox.speculative overrides it.
+SPECULATIVE_PROVISIONING = env("SPECULATIVE_PROVISIONING", default="auto")
+# A sandbox provisioned ahead that no tool call has used yet is reaped once idle this long (or its
+# environment's idle_ttl_seconds, if shorter); once used, it is any other sandbox.
+SPECULATIVE_IDLE_SECONDS = env.int("SPECULATIVE_IDLE_SECONDS", default=300)
 
 # What one session's sandboxes may take, installation-wide. An environment asking for more than a maximum
 # is refused with a 400 naming the field and the maximum; a stored value over a maximum lowered later is

@@ -97,6 +97,7 @@ class CallModel:
             opening.append((events.status_running(), None))
         opening.append((events.model_request_start(through_seq=brain.state.last_seq), None))
         start = brain.emit_many(opening)[-1]
+        brain.provision_ahead(toolset=any(tool.kind == "toolset" for tool in tools.values()))
         message_id = new_id("sevt")
         started: set[int] = set()
 
@@ -219,6 +220,7 @@ class RunTool:
         problem = input_problem(self.tool.definition["input_schema"], value)
         if problem:
             return _finish(brain, self.call, f"Invalid input for {name}: {problem}.", True)
+        brain.wait_for_hands()  # a sandbox provisioned ahead is taken once it is ready, never provisioned twice
         if self.tool.kind == "hands":
             text, is_error = run_hand_tool(brain, name, value)
             return _finish(brain, self.call, text, is_error)

@@ -322,3 +322,75 @@ def test_a_session_repository_is_cloned_into_its_sandbox_before_the_first_call_i
     [error] = [e for e in events if e.type == "session.error"]
     assert error.payload["error"]["type"] == "repository_not_found_error"
     assert error.payload["error"]["retry_status"] == {"type": "retrying"}
+
+
+SLOW_GIT_REQUEST_S = 0.2  # each request to the served repository waits this long: a clone makes several
+
+
+def session_with_repository(server) -> str:
+    repository = {
+        "type": "github_repository",
+        "url": server.url("origin.git"),
+        "mount_path": "/workspace/app",
+    }
+    return session_create(
+        **{
+            "agent": make_agent(tools=TOOLSET),
+            "environment_id": make_environment(),
+            "resources": [repository],
+        }
+    ).id
+
+
+def test_a_repository_is_cloned_while_the_first_model_call_thinks(brains, tmp_path):
+    """A session with a repository whose first model call takes 2 s gets its first tool result less than 1 s
+    after the model asks for the tool: its sandbox was provisioned, and the repository cloned, meanwhile,
+    from a server slow enough that the clone alone takes longer than that (SPECULATIVE_PROVISIONING=never
+    fails this test). A sandbox a call used is no longer reaped as an unused one."""
+    make_repository(tmp_path / "served" / "origin.git", {"README.md": "hello from the repository\n"})
+    with (
+        git_http_server(tmp_path / "served", delay_s=SLOW_GIT_REQUEST_S) as server,
+        override_settings(REPOSITORY_PLAIN_HOSTS=["127.0.0.1"]),
+    ):
+        session_id = session_with_repository(server)
+        events = turn(session_id, "/sleep 2\n/bash cat app/README.md")
+    [use] = [e for e in events if e.type == "agent.tool_use"]
+    [result] = [e for e in events if e.type == "agent.tool_result"]
+    assert results(events) == [("hello from the repository", False)]
+    waited = (result.processed_at - use.processed_at).total_seconds()
+    assert waited < 1.0, f"the first tool result came {waited:.2f} s after the model asked for the tool"
+    [provisioned] = [e for e in get_events(session_id) if e.type == "sandbox.provisioned"]
+    started = next(e for e in events if e.type == "span.model_request_start")
+    container_s = (provisioned.processed_at - started.processed_at).total_seconds()
+    assert container_s + len(server.requests) * SLOW_GIT_REQUEST_S > 1.0, (
+        "the container's start and the clone's requests alone would make the call wait longer than 1 s"
+    )
+    [hand] = held(session_id)
+    assert provisioned.payload["sandbox_id"] == hand.id and not hand.labels["speculative"]
+    with override_settings(SPECULATIVE_IDLE_SECONDS=0):
+        assert reap_idle() == []
+
+
+def test_a_sandbox_provisioned_ahead_that_no_call_uses_is_reaped_after_the_idle_timeout(
+    brains, docker_engine, tmp_path
+):
+    """A session with a repository that never calls a tool gets its sandbox provisioned ahead, as the log says,
+    and has none running once it was idle for SPECULATIVE_IDLE_SECONDS and the reaper ran."""
+    make_repository(tmp_path / "served" / "origin.git", {"README.md": "hello\n"})
+    with (
+        git_http_server(tmp_path / "served") as server,
+        override_settings(REPOSITORY_PLAIN_HOSTS=["127.0.0.1"]),
+    ):
+        session_id = session_with_repository(server)
+        turn(session_id, "just talk")
+    [sandbox] = held(session_id)
+    assert sandbox.labels["speculative"]
+    assert [e.type for e in get_events(session_id) if e.type.startswith("sandbox.")] == [
+        "sandbox.provisioned"
+    ]
+    assert reap_idle() == [], "the environment's idle TTL (an hour) is not the one of an unused sandbox"
+    time.sleep(1.5)
+    with override_settings(SPECULATIVE_IDLE_SECONDS=1):
+        assert reap_idle() == [sandbox.id]
+    assert not docker_engine.containers.list(all=True, filters={"label": f"workbench.sandbox={sandbox.id}"})
+    assert [e.type for e in get_events(session_id)][-1] == "sandbox.terminated"

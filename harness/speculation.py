@@ -1,0 +1,62 @@
+"""Provisioning ahead: a session's sandbox started while its model thinks.
+
+Lazy provisioning lets inference start at once, but then the first tool call waits for the sandbox and the
+session's repositories. So when a turn's model request has gone out and the session will likely need its
+sandbox, the brain provisions it in a thread beside the request; the first tool call takes it when it is
+ready, or waits only for the rest. The policy is SPECULATIVE_PROVISIONING, or an environment's
+config.sandbox.speculative: "auto" when the agent has the toolset and the session has resources its sandbox
+is prepared with (repositories, files); "always" with the toolset alone; "never".
+
+The thread provisions as the brain, under its lease: the row carries the brain's epoch and the events are
+appended with it, so they are refused once the lease is lost. The brain waits for the thread before any
+tool of the toolset or the hands runs, and before it releases the lease: no other brain of the session
+ever finds the provisioning in flight. A brain that dies meanwhile leaves what a brain dying in a lazy
+provisioning leaves: a row the next brain gives up (an older epoch's), or a sandbox it uses. One that no
+tool call ever uses is reaped when idle (sandboxes/reaper.py, SPECULATIVE_IDLE_SECONDS).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from django.db import connections
+
+from sandboxes.hands import sandbox_provision_ahead
+from sandboxes.providers import SandboxError
+from sessions.services import StaleEpoch, emit_events
+
+logger = logging.getLogger(__name__)
+
+
+def speculating(policy: str, *, toolset: bool, lazy: bool) -> bool:
+    """Whether a turn may provision ahead: a lazy environment's, with the toolset, by a policy not "never"."""
+    return toolset and lazy and policy in ("auto", "always")
+
+
+class Ahead:
+    """One provisioning ahead, in a thread of its own (with its own database connection, closed at its end)."""
+
+    def __init__(self, session_id: str, *, epoch: int, always: bool) -> None:
+        self.session_id, self.epoch, self._always = session_id, epoch, always
+        self._thread = threading.Thread(target=self._run, name=f"ahead-{session_id}", daemon=True)
+        self._thread.start()
+
+    def _emit(self, event: dict[str, Any]) -> Any:
+        return emit_events(self.session_id, [(event, None)], epoch=self.epoch)[0]
+
+    def _run(self) -> None:
+        try:
+            sandbox_provision_ahead(self.session_id, always=self._always, emit=self._emit)
+        except (SandboxError, StaleEpoch) as error:
+            # A failure is in the log as sandbox.failed, and the tool call provisions again; a lost lease
+            # is the brain's to notice.
+            logger.info("session %s: provisioning ahead failed: %s", self.session_id, error)
+        except Exception:
+            logger.exception("session %s: provisioning ahead failed", self.session_id)
+        finally:
+            connections.close_all()
+
+    def wait(self) -> None:
+        self._thread.join()

@@ -83,7 +83,8 @@ class Plan:
     grace: float = 120.0  # after the faults stop, for every turn to end
 
 
-DEFAULT = Plan(sessions=40, steps=8, kill_every=1.0, seconds=120.0)
+# Steps long enough that the sessions outlast several restarts of each service.
+DEFAULT = Plan(sessions=40, steps=12, kill_every=1.0, seconds=150.0, step_sleep=1.0)
 QUICK = Plan(
     sessions=8, steps=4, kill_every=1.5, seconds=30.0, service_every=6.0, workers=2, concurrency=2, grace=90.0
 )

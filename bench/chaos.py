@@ -27,7 +27,7 @@ model request recorded more than one answer; the turn ended idle with its final 
 event of the log exactly once, in order, as the log has it. Then the reaper runs (every sandbox idle, as after
 its TTL): no container of the run is left. Per fault: the time from it to the session's next event written by a
 newer brain (brain kills), to its next tool result (container kills), or, for a service, to a client receiving
-the next event of each session that was running when it failed.
+the next event of each session a brain was working on when it failed.
 
 Usage: .venv/bin/python -m bench.chaos [--quick] [--sessions N] [--steps N] [--step-sleep S] [--kill-every S]
        [--service-every S] [--seconds S] [--database-url URL] [--redis-url URL] [--note TEXT]
@@ -97,7 +97,9 @@ class Fault:
     session_id: str | None  # the session of a brain or sandbox fault
     epoch: int | None  # the killed brain's lease epoch (brain kills)
     recovered_s: float | None = None  # a service's: the slowest of its sessions'
-    running: list[str] = field(default_factory=list)  # a service fault's: the sessions running then
+    running: list[str] = field(
+        default_factory=list
+    )  # a service fault's: the sessions brains were working on then
     recoveries: list[float] = field(default_factory=list)  # a service fault's, one per session going on
     down_s: float | None = None  # a service fault's: from the kill to the service answering again
 
@@ -173,10 +175,14 @@ class Services:
 
 
 def running_sessions(session_ids: list[str]) -> list[str]:
+    """The sessions a brain is working on now (running, under a lease): those waiting for a free pool
+    process would wait anyway, and their time says how long the queue is, not what the fault cost."""
     from sessions.models import Session
 
     return list(
-        Session.objects.filter(id__in=session_ids, status=Session.Status.RUNNING).values_list("id", flat=True)
+        Session.objects.filter(id__in=session_ids, status=Session.Status.RUNNING)
+        .exclude(lease_owner="")
+        .values_list("id", flat=True)
     )
 
 
@@ -197,11 +203,11 @@ def inject(brains: Brains, plan: Plan, rng: random.Random, docker: Any, deployme
     }
     hands = [
         (sandbox_id, session_id)
-        for sandbox_id, session_id in Sandbox.objects.filter(id__in=[k for k in running if k]).values_list(
-            "id", "session_id"
-        )
+        for sandbox_id, session_id in Sandbox.objects.filter(
+            id__in=[k for k in running if k], session__status=Session.Status.RUNNING
+        ).values_list("id", "session_id")
         if session_id
-    ]
+    ]  # a session's that still works: an ended turn's would have no next tool call to recover in
     kinds = [POOL] * 4 + [WORKER] if ours else []
     kinds += [CONTAINER] * 2 if hands else []
     if not kinds:
@@ -495,7 +501,7 @@ def summary(
             {
                 "fault": f"{kind} {'restarted' if kind in SERVICES else 'killed'}",
                 "n": len(of_kind),
-                "sessions held up": sum(len(f.running) for f in of_kind)
+                "sessions at work": sum(len(f.running) for f in of_kind)
                 if kind in SERVICES
                 else len(of_kind),
                 "down p50 s": round(percentile(downs, 0.5), 2) if downs else None,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.db import Error as DatabaseFailure
 
 from sessions.models import Event
 from sessions.services.lease import (
@@ -76,15 +77,34 @@ def lease_release(lease: Lease, *, clean: bool = True) -> bool:
     return session_lease_release(lease.session_id, lease.epoch, clean=clean)
 
 
+# Leases this process could not release because the database was unreachable (a restart breaks every
+# connection): released, as crashes, by `leases_left_release` once it answers again.
+_left: list[Lease] = []
+
+
 @contextmanager
 def lease_held(lease: Lease) -> Iterator[Lease]:
-    """The lease, released when the block ends: cleanly unless the block raised (a crash counts)."""
+    """The lease, released when the block ends: cleanly unless the block raised (a crash counts). One the
+    database could not release is kept for `leases_left_release`."""
     clean = False
     try:
         yield lease
         clean = True
     finally:
-        lease_release(lease, clean=clean)
+        try:
+            lease_release(lease, clean=clean)
+        except DatabaseFailure:
+            _left.append(lease)
+            raise
+
+
+def leases_left_release() -> None:
+    """Release, as crashes, the leases this process's brains could not release when the database failed, so
+    the session is free at once rather than when the lease lapses. Each is released only under its own epoch:
+    one another brain has taken since is left alone. Raises if the database still fails; what is left stays."""
+    while _left:
+        lease_release(_left[0], clean=False)
+        _left.pop(0)
 
 
 def owner_name(pid: int | None = None) -> str:

@@ -14,12 +14,12 @@ from celery import current_app, shared_task
 from celery.signals import worker_ready
 from celery.worker.request import Request
 from django.conf import settings
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection, connections
 from django.db.models import Q
 from django.utils import timezone
 
 from harness.brain import Outcome, has_pending_work, run_brain
-from harness.lease import leases_abandon, leases_of_gone_processes, process_gone
+from harness.lease import leases_abandon, leases_left_release, leases_of_gone_processes, process_gone
 from harness.pool import watch_pool
 from sessions.models import Session
 
@@ -89,11 +89,33 @@ def _close_database() -> None:
 def wake(session_id: str, by: str = "event") -> Outcome:
     """Continue a session from its log. Safe to run twice or at once: the lease admits one brain, and only
     to a session that can still work (`Session.objects.open()`)."""
-    outcome = run_brain(session_id, by=by)
+    outcome = _riding_out_the_database(lambda: run_brain(session_id, by=by), session_id)
     if outcome is Outcome.BUSY and not Session.objects.open().filter(id=session_id).exists():
         outcome = Outcome.GONE
     logger.info("wake(%s): %s", session_id, outcome)
     return outcome
+
+
+DATABASE_RETRY_PAUSE_SECONDS = 1.0
+
+
+def _riding_out_the_database(work: Callable[[], Outcome], session_id: str) -> Outcome:
+    """`work`, again while the database is unreachable (a PostgreSQL restart breaks every connection), up to
+    WAKE_DATABASE_WAIT_SECONDS. A wake that failed so would otherwise be gone: one that had not taken the lease
+    left the session waiting WAKE_REQUEUE_SECONDS for the sweeper, one whose brain held it, the lease's lapse.
+    Trying again once the database answers releases what the dead brain held (`leases_left_release`) and
+    takes the session up at once, as a brain does after a crash."""
+    give_up = time.monotonic() + settings.WAKE_DATABASE_WAIT_SECONDS
+    while True:
+        try:
+            leases_left_release()
+            return work()
+        except (OperationalError, InterfaceError) as error:
+            if time.monotonic() >= give_up:
+                raise
+            logger.warning("wake(%s): the database failed (%s); trying again", session_id, error)
+            connections.close_all()
+            time.sleep(DATABASE_RETRY_PAUSE_SECONDS)
 
 
 @functools.cache

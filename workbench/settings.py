@@ -140,6 +140,9 @@ WAKE_PUBLISH_CONNECTIONS = env.int("WAKE_PUBLISH_CONNECTIONS", default=16)
 # The sweeper queues at most one wake per session: it queues another only once a brain took the lease
 # since, or after this long (a wake lost with the broker).
 WAKE_REQUEUE_SECONDS = env.float("WAKE_REQUEUE_SECONDS", default=60.0)
+# A wake whose database connection breaks (PostgreSQL restarting) waits for it this long, trying again every
+# second, then goes on with the session: a lease its brain could not release is released then.
+WAKE_DATABASE_WAIT_SECONDS = env.float("WAKE_DATABASE_WAIT_SECONDS", default=60.0)
 # A POST's Idempotency-Key is remembered this long (a retry with it returns the first answer).
 IDEMPOTENCY_KEY_HOURS = env.float("IDEMPOTENCY_KEY_HOURS", default=24.0)
 

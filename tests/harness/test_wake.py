@@ -236,3 +236,81 @@ def test_a_restarted_worker_frees_only_the_leases_of_this_hosts_processes_that_a
     assert run_brain(sessions["dead here"], by="worker_lost") is Outcome.IDLE
     [recovered] = [e for e in get_events(sessions["dead here"]) if e.type == "brain.recovered"]
     assert recovered.payload == {"woken_by": "worker_lost", "epoch": 2, "unfinished_wakes": 1}
+
+
+def cut_every_connection() -> int:
+    """What a PostgreSQL restart does to every process's connections, to the test database's alone: each
+    backend but the killer's own is terminated. How many were."""
+    import psycopg
+    from django.db import connection
+
+    found = connection.settings_dict
+    with psycopg.connect(
+        host=found["HOST"],
+        port=found["PORT"],
+        user=found["USER"],
+        password=found["PASSWORD"] or None,
+        dbname=found["NAME"],
+        autocommit=True,
+    ) as killer:
+        rows = killer.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return len(rows)
+
+
+def test_a_wake_rides_out_the_database_cutting_its_connections_mid_turn(model_url, settings):
+    """PostgreSQL restarting breaks every connection: the brain, waiting on its model, fails its next write
+    and cannot release its lease. The wake waits for the database, releases the lease its brain held and
+    takes the session up again at once, so the turn ends in this wake, not after the lease lapses (60 s
+    here) and a sweep wakes the session. Before, the wake raised and the session waited the lease out."""
+    from harness.tasks import wake
+
+    settings.LEASE_SECONDS = 60
+    session_id = make_session()
+    message(session_id, "/sleep 1.5")
+    cut: list[int] = []
+    timer = threading.Timer(0.7, lambda: cut.append(cut_every_connection()))
+    timer.start()
+    started = time.monotonic()
+    outcome = wake(session_id)
+    timer.join()
+    assert cut and cut[0] >= 1, "no connection was cut while the brain worked"
+    assert outcome == "idle"
+    assert time.monotonic() - started < 30
+    log = get_events(session_id)
+    recovered = [e for e in log if e.type == "brain.recovered"]
+    assert recovered and recovered[0].payload["epoch"] == 2
+    assert log[-1].type == "session.status_idle"
+    assert [e.type for e in log].count("agent.message") == 1
+    session = Session.objects.get(id=session_id)
+    assert not session.lease_owner and session.status == Session.Status.IDLE
+
+
+def test_a_wake_that_never_took_the_lease_waits_for_the_database_too(model_url, settings, monkeypatch):
+    """A wake whose first statement fails (the database restarting as it starts) tries again once it
+    answers, within WAKE_DATABASE_WAIT_SECONDS; past it, it fails as before."""
+    from django.db import OperationalError
+
+    from harness import brain, tasks
+
+    session_id = make_session()
+    message(session_id, "hello")
+    real, failures = brain._take_lease, []
+
+    def failing_twice(wanted: str):
+        if len(failures) < 2:
+            failures.append(wanted)
+            raise OperationalError("the database system is starting up")
+        return real(wanted)
+
+    monkeypatch.setattr(brain, "_take_lease", failing_twice)
+    monkeypatch.setattr(tasks, "DATABASE_RETRY_PAUSE_SECONDS", 0.05)
+    assert tasks.wake(session_id) == "idle" and len(failures) == 2
+    assert get_events(session_id)[-1].type == "session.status_idle"
+    settings.WAKE_DATABASE_WAIT_SECONDS = 0
+    failures.clear()
+    message(session_id, "again")
+    with pytest.raises(OperationalError):
+        tasks.wake(session_id)

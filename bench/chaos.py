@@ -234,6 +234,30 @@ def inject(brains: Brains, plan: Plan, rng: random.Random, docker: Any, deployme
     return Fault(kind, at, session_id, epoch)
 
 
+def longest_stall(session_id: str, began_at: float) -> dict[str, Any]:
+    """The longest time the session's log did not grow while it had work (before its last event), what was
+    written just before and after it, and when it began (seconds since the sessions started)."""
+    from sessions.models import Event
+
+    rows = list(
+        Event.objects.filter(session_id=session_id)
+        .order_by("seq")
+        .values_list("seq", "type", "processed_at", "payload")
+    )
+    gaps = [(b[2].timestamp() - a[2].timestamp(), a, b) for a, b in zip(rows, rows[1:], strict=False)]
+    if not gaps:
+        return {"session_id": session_id, "stall_s": 0.0}
+    gap, before, after = max(gaps, key=lambda g: g[0])
+    return {
+        "session_id": session_id,
+        "stall_s": round(gap, 2),
+        "from_s": round(before[2].timestamp() - began_at, 2),
+        "before": before[1],
+        "after": after[1],
+        "woken_by": (after[3] or {}).get("woken_by") if after[1] == "brain.recovered" else None,
+    }
+
+
 def audit(session_id: str, steps: int) -> Audit:
     from harness.brain import has_pending_work
     from sessions.models import Event, Session
@@ -417,6 +441,8 @@ def measure(
         clients = followers.audit(logs)
         clients["caught up"] = caught_up
         audits = [audit(s, plan.steps) for s in session_ids]
+        stalls = sorted((longest_stall(s, began_at) for s in session_ids), key=lambda x: -x["stall_s"])
+        clients["longest stalls"] = stalls[:12]
         for fault in faults:
             if fault.kind in SERVICES:
                 service_recovery(fault, followers)
@@ -613,6 +639,7 @@ def arguments() -> argparse.ArgumentParser:
         help=f"each /bash step's sleep in seconds (default {DEFAULT.step_sleep:g})",
     )
     service_arguments(parser)
+    parser.add_argument("--keep-logs", help="copy the processes' logs into this folder at the end")
     parser.add_argument(
         "--note", default="", help="a remark saved with the results (e.g. what code was measured)"
     )
@@ -634,7 +661,8 @@ def main(argv: list[str] | None = None) -> int:
         grace=base.grace,
     )
     started = time.monotonic()
-    with Launcher("chaos", database_url=args.database_url, redis_url=args.redis_url) as system:
+    logs = Path(args.keep_logs) if args.keep_logs else None
+    with Launcher("chaos", database_url=args.database_url, redis_url=args.redis_url, logs=logs) as system:
         system.model()
         system.start_services(max_connections=200)
         machine = machine_info()
@@ -660,7 +688,8 @@ def main(argv: list[str] | None = None) -> int:
         "audit": counts,
         "fault_log": [asdict(f) | {"at": round(f.at - began_at, 3)} for f in faults],
         "sessions_with_problems": [asdict(a) for a in broken],
-        "clients": clients,
+        "clients": {k: v for k, v in clients.items() if k != "longest stalls"},
+        "longest_stalls": clients["longest stalls"],
         "targets": {"met": int(not broken) + int(not clients_broken) + int(not left), "total": 3},
     }
     title = (

@@ -117,10 +117,30 @@ class Audit:
 
 
 class Brains(Processes):
+    """The workers, beat and Daphne. A worker that exits on its own is started again at once, as `make run`'s
+    supervisor does, and counted (`exited`): the audit says whether its sessions lost anything."""
+
+    concurrency = 4
+    exited: list[tuple[float, str, str]]  # when, which worker, the last line of its log
+
     def start_worker(self, concurrency: int) -> str:
+        self.concurrency = concurrency
         name = f"chaos-{uuid.uuid4().hex[:8]}"
         self.worker(name, pool="prefork", concurrency=concurrency, loglevel="INFO", hostname=f"{name}@%h")
         return name
+
+    def check(self) -> None:
+        if not hasattr(self, "exited"):
+            self.exited = []
+        for name in self.workers():
+            process = self.started[name]
+            if process.poll() is not None:
+                last = next((line for line in reversed(self.log(name).splitlines()) if line.strip()), "")
+                self.exited.append((time.time(), name, last[-300:]))
+                say(f"  worker {name} exited with {process.returncode} ({last[-120:]}); starting another")
+                del self.started[name]
+                self.start_worker(self.concurrency)
+        super().check()
 
     def workers(self) -> list[str]:
         return [name for name in self.started if name.startswith("chaos-")]
@@ -409,6 +429,7 @@ def measure(
                 if fault is not None:
                     faults.append(fault)
                 next_fault = now + rng.expovariate(1 / plan.kill_every)
+            brains.check()  # a worker that exited on its own is started again
             progress.append(
                 (
                     now - began,
@@ -430,6 +451,7 @@ def measure(
         )
         grace_end = time.monotonic() + plan.grace
         while time.monotonic() < grace_end and not resilient(all_settled, session_ids):
+            brains.check()
             progress.append((time.monotonic() - began, resilient(steps_done_now, session_ids)))
             time.sleep(0.5)
         progress.append((time.monotonic() - began, steps_done_now(session_ids)))
@@ -449,6 +471,11 @@ def measure(
             else:
                 fault.recovered_s = recovery(fault)
         clients["containers left after the reaper"] = reap_and_count(client, deployment, environment)
+        brains.check()
+        clients["workers that exited on their own"] = [
+            {"at": round(at - began_at, 1), "worker": name, "last line": last}
+            for at, name, last in brains.exited
+        ]
         for container in client.containers.list(
             all=True, filters={"label": f"workbench.deployment={deployment}"}
         ):
@@ -553,6 +580,7 @@ def summary(
         "clients that saw an event unlike the log's": clients["clients that saw an event unlike the log's"],
         "client reconnections": clients["reconnections"],
         "containers left after the reaper": clients["containers left after the reaper"],
+        "workers that exited on their own (started again)": len(clients["workers that exited on their own"]),
     }
     return rows, [{"audit": name, "n": value} for name, value in counts.items()]
 

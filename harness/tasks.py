@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -118,20 +119,29 @@ def _riding_out_the_database(work: Callable[[], Outcome], session_id: str) -> Ou
             time.sleep(DATABASE_RETRY_PAUSE_SECONDS)
 
 
-@functools.cache
+_wake_pool: tuple[int, Any] | None = None  # (the process that made it, the pool)
+_wake_pool_lock = threading.Lock()
+
+
 def _wake_connections() -> Any:
     """The process's pool of broker connections for wakes, with socket timeouts: a hung Redis answers within
     them. One pool per process, not a connection per thread: under ASGI each request has a thread of its own,
-    and a new connection per request cost ~2.4 ms of its answer."""
-    timeout = settings.WAKE_PUBLISH_TIMEOUT_SECONDS
-    connection = current_app.connection_for_write(
-        transport_options={
-            **current_app.conf.broker_transport_options,
-            "socket_timeout": timeout,
-            "socket_connect_timeout": timeout,
-        }
-    )
-    return connection.Pool(limit=settings.WAKE_PUBLISH_CONNECTIONS)
+    and a new connection per request cost ~2.4 ms of its answer. A forked child makes its own: kombu closes
+    the pools a child inherits, and a worker's main process that had queued a wake (for a dead pool process's
+    sessions) gave every pool process it forked after a closed one, whose every wake then failed."""
+    global _wake_pool
+    with _wake_pool_lock:
+        if _wake_pool is None or _wake_pool[0] != os.getpid() or _wake_pool[1]._closed:
+            timeout = settings.WAKE_PUBLISH_TIMEOUT_SECONDS
+            connection = current_app.connection_for_write(
+                transport_options={
+                    **current_app.conf.broker_transport_options,
+                    "socket_timeout": timeout,
+                    "socket_connect_timeout": timeout,
+                }
+            )
+            _wake_pool = (os.getpid(), connection.Pool(limit=settings.WAKE_PUBLISH_CONNECTIONS))
+        return _wake_pool[1]
 
 
 def queue_wake(session_id: str, *, by: str = "event") -> bool:

@@ -182,3 +182,26 @@ def test_a_broker_that_lost_its_queue_gets_every_waiting_wake_again_at_the_next_
     broker.flushdb()  # again, now that the sweeper itself had queued it (wake_queued_at is set)
     sweep()
     assert _queued_wakes(redis_url, session.id) == 1
+
+
+@pytest.mark.redis
+def test_a_process_forked_after_queueing_a_wake_queues_its_own(redis_url):
+    """A worker's main process queues wakes (for a dead pool process's sessions) and then forks pool
+    processes. kombu closes the connection pools a child inherits, so the child must make its own: with the
+    parent's closed pool every wake the child queued failed ("Acquire on closed pool", found by bench/chaos)
+    and its sessions waited for the sweeper."""
+    import os
+
+    from billiard.util import _run_after_forkers
+
+    from harness.tasks import queue_wake
+
+    session_id = f"sesn_fork_{os.getpid()}"
+    assert queue_wake(session_id)
+    child = os.fork()
+    if child == 0:  # the child, as Celery's prefork pool starts one; its exit status is the answer
+        _run_after_forkers()
+        os._exit(0 if queue_wake(session_id) else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the forked process could not queue its wake"
+    assert _queued_wakes(redis_url, session_id) == 2

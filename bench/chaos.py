@@ -114,6 +114,7 @@ class Audit:
     problems: list[str] = field(default_factory=list)
     parked: bool = False
     stuck: bool = False
+    tail: list[str] = field(default_factory=list)  # a session with a problem: its last events and its state
 
 
 class Brains(Processes):
@@ -340,6 +341,11 @@ def audit(session_id: str, steps: int) -> Audit:
         session.status == Session.Status.IDLE and not session.lease_owner and not has_pending_work(session_id)
     )
     found.stuck = not idle or last is None or last.type != "session.status_idle"
+    if found.stuck or found.problems:
+        found.tail = [f"{e.seq} {e.type} (epoch {e.lease_epoch})" for e in events[-8:]] + [
+            f"status {session.status}, lease {session.lease_owner or '-'}, "
+            f"pending work {has_pending_work(session_id)}"
+        ]
     if not found.parked and not found.stuck and not any(e.type == "agent.message" for e in events):
         found.problems.append("the turn ended without its final message")
     return found

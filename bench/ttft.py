@@ -1,9 +1,11 @@
 """Time to first token: a sandbox provisioned (and its repository cloned) before the first model call, or not.
 
-Every measured session starts in one of three environments, interleaved round-robin at a Poisson arrival
+Every measured session starts in one of four environments, interleaved round-robin at a Poisson arrival
 rate: **coupled** (`provisioning: eager`: the turn provisions the sandbox and clones the session's
-repository into it before its first model call), **decoupled** (lazy: the first tool call provisions) and
-**decoupled + warm pool** (lazy, with `warm_pool` sandboxes kept provisioned). Each session is created with
+repository into it before its first model call), **decoupled** (lazy, provisioned ahead: the turn starts the
+sandbox and the clone beside its first model request, and the first tool call takes them), **decoupled +
+warm pool** (the same, with `warm_pool` sandboxes kept provisioned) and **decoupled, not ahead** (lazy with
+`speculative: never`: the first tool call provisions, as before provisioning ahead). Each session is created with
 a `github_repository` resource pointing at a realistic repository served by `git daemon` on loopback. A
 client opens the session's SSE stream with `event_deltas[]=agent.message`, POSTs one plain-text user message
 (the first model call needs no tool), and takes **time to first token** from just before that POST to the
@@ -11,7 +13,8 @@ first `event_delta` arriving on its stream. The offline model waits a fixed, sta
 token, so the platform's own share is the rest. Every eighth session of each mode then sends a second
 message that makes the model call `bash` (`git rev-parse HEAD` in the cloned repository, checked against the
 served tip): the **first tool result** shows where the decoupled modes pay for the sandbox and the clone,
-and what the warm pool takes off.
+and what provisioning ahead and the warm pool take off; the **two-message exchange** runs from the first
+POST to the second turn's idle.
 
 Throughout, a background of sessions is kept running at once (50 by default): each loops through agent
 turns of thinking, two `bash` calls (a long `sleep`, then git/ls in its own sandbox and clone) and an answer, and
@@ -81,7 +84,9 @@ from bench.common.results import (  # noqa: E402
     stem,
 )
 
-MODES = ("coupled", "decoupled", "decoupled+pool")
+MODES = ("coupled", "decoupled", "decoupled+pool", "decoupled, not ahead")
+AHEAD_MODES = ("decoupled", "decoupled+pool")  # provisioned ahead of the first tool call
+TOOL_RESULT_TARGET = 1.5  # first tool result p50, at most this many times the coupled mode's
 # The reference system's figures, taken as this benchmark's targets.
 P50_REDUCTION_TARGET = 0.60
 P95_REDUCTION_TARGET = 0.90
@@ -135,7 +140,7 @@ DEFAULT = Plan(
     warmup=3,
     rate=0.5,
     background=RUNNING_TARGET,
-    tool_turn_every=8,
+    tool_turn_every=4,
     warm_pool=6,
     model_ttft_ms=300.0,
     model_tps=50.0,
@@ -144,7 +149,7 @@ DEFAULT = Plan(
     platform_rate=1.0,
 )
 QUICK = replace(
-    DEFAULT, per_mode=20, warmup=2, background=10, tool_turn_every=4, warm_pool=3, platform_sessions=20
+    DEFAULT, per_mode=20, warmup=2, background=10, tool_turn_every=2, warm_pool=3, platform_sessions=20
 )
 
 
@@ -163,6 +168,7 @@ class Sample:
     post_ms: float | None = None  # the POST's own round trip
     turn_ms: float | None = None  # POST -> session.status_idle
     tool_result_ms: float | None = None  # second POST -> agent.tool_result on the stream
+    exchange_ms: float | None = None  # first POST -> the second turn's session.status_idle
     tool_ok: bool | None = None  # the tool saw the served repository's tip
     # From the log's own timestamps, relative to the POST (client wall clock, same host):
     logged_ms: float | None = None  # -> the user.message committed
@@ -455,6 +461,11 @@ class Run:
                 "provisioning": "lazy",
                 "warm_pool": self.plan.warm_pool,
             },
+            "decoupled, not ahead": {
+                "provider": self.plan.provider,
+                "provisioning": "lazy",
+                "speculative": "never",
+            },
             "background": {"provider": self.plan.provider, "provisioning": "lazy"},
         }
         environments = {}
@@ -493,7 +504,8 @@ class Run:
                 sample.tool_ok = self.repo["head"] in text
                 if not sample.tool_ok:
                     sample.errors.append(f"tool result without the repository's head: {text[:200]!r}")
-                await stream.next("session.status_idle", timeout=300)
+                at, _, _ = await stream.next("session.status_idle", timeout=300)
+                sample.exchange_ms = (at - posted) * 1000
             await asyncio.to_thread(read_log, sample, posted_wall)
         except Exception as error:  # noqa: BLE001 - a failed session is reported, not fatal
             sample.errors.append(f"{type(error).__name__}: {error}")
@@ -862,6 +874,7 @@ def summarise(samples: list[Sample], plan: Plan) -> list[dict[str, Any]]:
         ok = good(samples, "compare", mode)
         ttft = [x.ttft_ms for x in ok]
         tools = [x.tool_result_ms for x in ok if x.tool_result_ms is not None]
+        exchanges = [x.exchange_ms for x in ok if x.exchange_ms is not None]
         mine = [x for x in samples if x.phase == "compare" and x.mode == mode and not x.warmup]
         rows.append(
             {
@@ -876,6 +889,8 @@ def summarise(samples: list[Sample], plan: Plan) -> list[dict[str, Any]]:
                 "tool_result_n": len(tools),
                 "tool_result_p50_ms": pct(tools, 0.50),
                 "tool_result_p95_ms": pct(tools, 0.95),
+                "exchange_p50_ms": pct(exchanges, 0.50),
+                "exchange_p95_ms": pct(exchanges, 0.95),
                 "pooled_first_sandboxes": sum(1 for x in ok if x.pooled),
                 "recovered_sessions": sum(1 for x in ok if x.recovered),
             }
@@ -884,7 +899,12 @@ def summarise(samples: list[Sample], plan: Plan) -> list[dict[str, Any]]:
     for row in rows:
         for q in ("p50", "p95", "p99"):
             row[f"{q}_reduction"] = None if row is coupled else reduction(coupled[f"{q}_ms"], row[f"{q}_ms"])
+        row["tool_result_vs_coupled"] = ratio(row["tool_result_p50_ms"], coupled["tool_result_p50_ms"])
     return rows
+
+
+def ratio(value: float | None, of: float | None) -> float | None:
+    return None if not of or value is None else round(value / of, 2)
 
 
 def summarise_platform(samples: list[Sample], plan: Plan) -> dict[str, Any]:
@@ -909,6 +929,18 @@ def targets(
             met = value is not None and value >= least
             out.append(
                 goal(f"{row['mode']}: {q} TTFT reduction vs coupled", f">= {least:.0%}", measured, met)
+            )
+        if row["mode"] in AHEAD_MODES:
+            value = row["tool_result_vs_coupled"]
+            measured = None if value is None else f"{value:.2f}x ({ms(row['tool_result_p50_ms'])} ms)"
+            met = value is not None and value <= TOOL_RESULT_TARGET
+            out.append(
+                goal(
+                    f"{row['mode']}: first tool result p50 vs coupled",
+                    f"<= {TOOL_RESULT_TARGET:g}x",
+                    measured,
+                    met,
+                )
             )
     value = platform["platform_p50_ms"]
     measured = None if value is None else f"{value:.1f} ms"
@@ -946,6 +978,7 @@ def plot(
         "coupled": "#b0483a",
         "decoupled": "#3b6ea8",
         "decoupled+pool": "#3a9a5b",
+        "decoupled, not ahead": "#9a7a3a",
         "phase 2": "#333333",
     }
     figure, (ecdf, tools, over_time) = plt.subplots(1, 3, figsize=(18, 5.2))
@@ -974,6 +1007,15 @@ def plot(
                 tool_values,
                 color=colours[mode],
                 label=f"{mode}: p50 {ms(percentile(tool_values, 0.5))} ms",
+            )
+        exchanges = [x.exchange_ms for x in ok if x.exchange_ms is not None]
+        if exchanges:
+            step(
+                tools,
+                exchanges,
+                color=colours[mode],
+                linestyle="--",
+                label=f"{mode}, whole exchange: p50 {ms(percentile(exchanges, 0.5))} ms",
             )
         dots = {"color": colours[mode], "markersize": 3, "label": mode}
         over_time.plot([x.arrival_s for x in ok], [x.ttft_ms for x in ok], ".", **dots)
@@ -1006,7 +1048,9 @@ def plot(
     tools.set_xlabel("ms (log)")
     tools.set_ylabel("fraction of tool turns")
     tools.set_ylim(0, 1.02)
-    tools.set_title(f"Second message -> first tool result (every {plan.tool_turn_every}th session)")
+    tools.set_title(
+        f"Second message -> first tool result; first POST -> second idle, dashed (every {plan.tool_turn_every}th)"
+    )
     if tools.get_legend_handles_labels()[0]:
         tools.legend(fontsize=7.5, loc="lower right")
     over_time.set_yscale("log")
@@ -1269,8 +1313,9 @@ def settings_of(plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
         "postgresql": "own cluster, fsync/synchronous_commit on, max_connections 600, shared_buffers 256MB",
         "environments": {
             "coupled": {"provisioning": "eager"},
-            "decoupled": {"provisioning": "lazy"},
+            "decoupled": {"provisioning": "lazy", "speculative": "auto (the default)"},
             "decoupled+pool": {"provisioning": "lazy", "warm_pool": plan.warm_pool},
+            "decoupled, not ahead": {"provisioning": "lazy", "speculative": "never"},
         },
         "sandbox": (
             "docker, workbench-sandbox:latest, 1 CPU, 512 MB, no network (environment defaults)"

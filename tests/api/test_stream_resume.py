@@ -47,15 +47,19 @@ def _read(
     return received
 
 
-def test_a_stream_reopened_with_last_event_id_gets_every_later_event_once_and_in_order(
-    live_server_url, api_key
-):
-    session = httpx.post(
-        f"{live_server_url}/v1/sessions",
+def _new_session(url: str, api_key: str) -> dict:
+    return httpx.post(
+        f"{url}/v1/sessions",
         headers={"x-api-key": api_key},
         json={"agent": make_agent(), "environment_id": make_environment()},
         timeout=30,
     ).json()
+
+
+def test_a_stream_reopened_with_last_event_id_gets_every_later_event_once_and_in_order(
+    live_server_url, api_key
+):
+    session = _new_session(live_server_url, api_key)
     _send(live_server_url, api_key, session["id"], "a", "b", "c", "d")
 
     # From the start of the log, the ids are the seqs.
@@ -72,12 +76,7 @@ def test_a_stream_reopened_with_last_event_id_gets_every_later_event_once_and_in
 
 @pytest.mark.parametrize("value", ["x", "1.5", "-2", "5"])
 def test_a_last_event_id_that_is_no_seq_this_stream_sent_is_a_400_saying_so(live_server_url, api_key, value):
-    session = httpx.post(
-        f"{live_server_url}/v1/sessions",
-        headers={"x-api-key": api_key},
-        json={"agent": make_agent(), "environment_id": make_environment()},
-        timeout=30,
-    ).json()
+    session = _new_session(live_server_url, api_key)
     _send(live_server_url, api_key, session["id"], "only")
     response = httpx.get(
         f"{live_server_url}/v1/sessions/{session['id']}/events/stream",

@@ -364,6 +364,14 @@ def _finish(request: HttpRequest, response: HttpResponse) -> HttpResponse:
     return response
 
 
+def _give_back_connections() -> None:
+    """Close this thread's database connections, except one inside a transaction: that one is its owner's (a
+    test's, or a caller's atomic block) and closing it would end their transaction under them."""
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            connection.close()
+
+
 def _guarded(view: Callable[..., Any]) -> Callable[..., Any]:
     """Around ninja's view for one path: a request id, the host and parameter checks, the envelope for all."""
 
@@ -384,7 +392,7 @@ def _guarded(view: Callable[..., Any]) -> Callable[..., Any]:
                     # authentication and view used until the stream ends: some 35 open streams emptied the
                     # pool and every other request of the process waited and failed (bench/load.py). The
                     # stream reads through connections of its own, each returned after its read.
-                    await sync_to_async(connections.close_all)()
+                    await sync_to_async(_give_back_connections)()
             except Exception as error:
                 response = _answer(request, error)
             return _finish(request, response)

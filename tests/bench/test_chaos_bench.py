@@ -6,13 +6,10 @@ no container is left after the reaper."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.conftest import ROOT, require
+from tests.bench.runner import run_bench
+from tests.conftest import require
 from tests.faults.conftest import _docker_available
 
 
@@ -20,35 +17,11 @@ def test_a_small_chaos_run_loses_nothing_doubles_nothing_and_leaves_no_session_s
     require(
         _docker_available(), "no Docker engine with the sandbox image; `make test` starts and builds them"
     )
-    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    for inherited in ("DATABASE_URL", "REDIS_URL", "WORKBENCH_DEPLOYMENT"):
-        env.pop(inherited, None)  # its own PostgreSQL and Redis, so its own deployment label
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.chaos",
-            "--quick",
-            "--sessions",
-            "6",
-            "--steps",
-            "4",
-            "--step-sleep",
-            "4",
-            "--service-every",
-            "5",
-            "--seconds",
-            "30",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
+    result, output = run_bench(
+        tmp_path,
+        "chaos",
+        *("--sessions", "6", "--steps", "4", "--step-sleep", "4", "--service-every", "5", "--seconds", "30"),
     )
-    output = run.stdout[-6000:] + run.stderr[-3000:]
-    assert run.returncode == 0, output
-    result = json.loads((tmp_path / "chaos-quick.json").read_text())
     audit = {row["audit"]: row["n"] for row in result["audit"]}
     assert audit["steps scripted"] == 24
     assert audit["steps done"] + audit["steps closed as errors"] == 24, output

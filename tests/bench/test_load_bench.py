@@ -5,30 +5,13 @@ are the benchmark's to print, not the test's to judge."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.bench.runner import run_bench
 
 
 def test_a_small_load_run_streams_every_event_once_in_order_and_fails_nothing(tmp_path: Path) -> None:
-    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path), "PYTHONPATH": str(ROOT), "SECRET_KEY": "x" * 50}
-    for inherited in ("DATABASE_URL", "REDIS_URL", "WORKBENCH_DEPLOYMENT"):
-        env.pop(inherited, None)  # its own PostgreSQL and Redis
-    run = subprocess.run(
-        [sys.executable, "-m", "bench.load", "--quick"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    output = run.stdout[-6000:] + run.stderr[-3000:]
-    assert run.returncode == 0, output
-    result = json.loads((tmp_path / "load-quick.json").read_text())
+    result, output = run_bench(tmp_path, "load")
     assert result["errors"] == 0, output
     levels = result["detail"]["levels"]
     assert [row["sessions"] for row in levels] == list(result["plan"]["levels"])

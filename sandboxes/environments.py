@@ -15,6 +15,7 @@ from kernel.models import DEFAULT_WORKSPACE_ID
 from sandboxes.models import Environment
 from sandboxes.pool import pool_size, queue_refill
 from sandboxes.providers import PROVIDERS
+from sandboxes.repositories import checked_repository
 
 PACKAGE_MANAGERS = ("apt", "cargo", "gem", "go", "npm", "pip")
 
@@ -69,6 +70,7 @@ SANDBOX_DEFAULTS: dict[str, Any] = {
     "idle_ttl_seconds": 3600,
     "provisioning": None,
     "speculative": None,
+    "pool_repository": None,
 }
 # Numbers where null means the installation's default (SANDBOX_DISK_MB, SANDBOX_MAX_PER_SESSION).
 _NULLABLE = ("disk_mb", "max_sandboxes")
@@ -130,7 +132,19 @@ def _sandbox(value: Any) -> dict[str, Any]:
     for key, (low, high, setting) in _bounds().items():
         if key in value:
             _number(key, value[key], low, high, setting)
+    if sandbox["pool_repository"] is not None:
+        sandbox["pool_repository"] = _pool_repository(sandbox["pool_repository"])
     return sandbox
+
+
+def _pool_repository(value: Any) -> dict[str, Any]:
+    """The repository the warm pool's sandboxes come with checked out (sandboxes/repositories.py): a
+    github_repository resource's url, mount_path and checkout. No token: the pool holds only what a session
+    already fetched as itself, and a session keeps it only once it proved its own access."""
+    where = "config.sandbox.pool_repository"
+    expect(value, dict, f"'{where}'")
+    no_unknown_fields(value, ("url", "mount_path", "checkout"), where)
+    return checked_repository(value, where)
 
 
 def normalise_config(value: Any) -> dict[str, Any]:

@@ -183,11 +183,32 @@ def sandbox_provision(
             sandbox.id, name, provider=sandbox.provider, pooled=bool(sandbox.labels.get("from_pool"))
         )
     )
-    if session.resources:
-        checkout_repositories(
-            provider_of(sandbox), sandbox.handle, session.resources, emit, session_id=session.id
-        )
+    prepared = sandbox.labels.get("prepared") if sandbox.labels.get("from_pool") else None
+    if session.resources or prepared:
+        try:
+            kept = checkout_repositories(
+                provider_of(sandbox),
+                sandbox.handle,
+                session.resources,
+                emit,
+                session_id=session.id,
+                prepared=prepared,
+            )
+        except SandboxError as error:  # a warm pool's checkout the session may not keep stayed in it
+            _discard(sandbox, name, str(error), emit)
+            raise
+        if prepared:  # for the operator (and bench/ttft): whether the pool's checkout saved the clone
+            sandbox.labels = {**sandbox.labels, "prepared": {**prepared, "kept": kept}}
+            Sandbox.objects.filter(id=sandbox.id).update(labels=sandbox.labels)
     return sandbox
+
+
+def _discard(sandbox: Sandbox, name: str, reason: str, emit: Emit) -> None:
+    """A new hand no call may use: dead, its container removed, and the log says why."""
+    Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.DEAD)
+    with suppress(SandboxError):
+        provider_of(sandbox).terminate(sandbox.handle)
+    emit(events.sandbox_failed(name, reason, sandbox_id=sandbox.id))
 
 
 PREPARED_RESOURCES = ("github_repository", "file")  # what a session's sandbox is prepared with
@@ -368,6 +389,12 @@ def sandbox_attach(
             raise Invalid(
                 f"Sandbox {sandbox_id} is held by session {sandbox.session_id}; detach it or "
                 "transfer it from there."
+            )
+        if sandbox.labels.get("pooled") and sandbox.labels.get("prepared"):
+            raise Invalid(
+                f"Sandbox {sandbox_id} is in its environment's warm pool with a repository checked out, "
+                "which a session keeps only once it proved its access to it: it is handed out only by "
+                "provisioning. Attach another sandbox, or let the session provision one."
             )
         if name is not None:
             _check_name(name)

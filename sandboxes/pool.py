@@ -4,11 +4,16 @@ The pool's rule: a pooled sandbox is one no session has ever held. `labels["pool
 until a session takes it; the take (and any later detach) clears it for good and sets `from_pool`, so a
 sandbox that comes back free after a session used it is an ordinary free sandbox (attachable by id, reaped
 when idle), never handed out again as a fresh one.
+
+An environment that names a `pool_repository` gets its pooled sandboxes with that repository checked out
+from the workers' mirror (`sandboxes.repositories.prepare_checkout`), once a session has fetched it; a
+session keeps that checkout only after proving its own access, and the refill never asks the remote.
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import suppress
 
 from celery import current_app
 from django.conf import settings
@@ -17,6 +22,7 @@ from django.db import transaction
 from sandboxes.models import Environment, Sandbox
 from sandboxes.providers import SandboxError
 from sandboxes.provisioning import provider_name, provider_of, resources_for
+from sandboxes.repositories import prepare_checkout
 
 logger = logging.getLogger(__name__)
 
@@ -91,15 +97,23 @@ def pool_refill(environment_id: str) -> int:
             )
             for _ in range(max(pool_size(environment) - coming, 0))
         ]
+    repository = (environment.config.get("sandbox") or {}).get("pool_repository")
     added = 0
     for sandbox in rows:
+        provider = provider_of(sandbox)
         try:
-            sandbox.handle = provider_of(sandbox).provision(resources_for(environment, sandbox))
+            sandbox.handle = provider.provision(resources_for(environment, sandbox))
+            prepared = prepare_checkout(provider, sandbox.handle, repository) if repository else None
         except SandboxError as error:
             logger.warning("warm pool of %s: provisioning failed: %s", environment_id, error)
+            if sandbox.handle:  # started, but part of a checkout may be in it: no session gets it
+                with suppress(SandboxError):
+                    provider.terminate(sandbox.handle)
             Sandbox.objects.filter(id__in=[row.id for row in rows[added:]]).update(status=Sandbox.Status.DEAD)
             break
+        if prepared:
+            sandbox.labels = {**sandbox.labels, "prepared": prepared}
         sandbox.status = Sandbox.Status.READY
-        sandbox.save(update_fields=["handle", "status"])
+        sandbox.save(update_fields=["handle", "status", "labels"])
         added += 1
     return added

@@ -22,6 +22,7 @@ import ipaddress
 import logging
 import posixpath
 import re
+import shlex
 import subprocess
 import tarfile
 import tempfile
@@ -36,7 +37,7 @@ from kernel.api.validation import expect, no_unknown_fields, text
 from kernel.egress import harness_proxied, harness_proxy_url
 from kernel.errors import Invalid
 from sandboxes import mirrors
-from sandboxes.providers import SandboxError
+from sandboxes.providers import SandboxError, ToolFailed, ToolInputError
 from sessions import events
 
 logger = logging.getLogger(__name__)
@@ -309,13 +310,16 @@ def _clone_from_network(repository: dict[str, Any], folder: Path, *, session_id:
 
 def _clone_from_mirror(repository: dict[str, Any], folder: Path, mirror: Path, *, session_id: str) -> Path:
     """The clone from `mirror` (held locked by the caller), after bringing it up to date from the remote as
-    the session: that fetch is the session's proof of access (sandboxes/mirrors.py), through the same door
-    and with the same git as `_clone_from_network`, and a refusal fails the clone as a refusal of that clone
-    would. The clone from the mirror then takes the same options, speaks git's pack protocol to the mirror
-    (`--no-local`: only what its branches reach, and no alternates or hard links into the cache), and is
-    left as a clone from the URL is: origin is the URL, and the reflogs name it."""
+    the session (`_refresh_mirror`, the session's proof of access)."""
+    _refresh_mirror(repository, folder, mirror, session_id=session_id)
+    return _clone_local(repository, folder, mirror)
+
+
+def _refresh_mirror(repository: dict[str, Any], folder: Path, mirror: Path, *, session_id: str) -> None:
+    """Bring `mirror` (held locked by the caller) up to date from the remote as the session: that fetch is the
+    session's proof of access (sandboxes/mirrors.py), through the same door and with the same git as
+    `_clone_from_network`, and a refusal raises the RepositoryError a refusal of that clone would."""
     url = repository["url"]
-    checkout = repository["checkout"] or {}
     env = _environment(folder, session_id)
     git = [*_git(url), *_config("gc.autoDetach=false")]
     listing = _run([*git, "ls-remote", "--symref", "--", url, "HEAD"], env=env, checking_out=False)
@@ -339,9 +343,22 @@ def _clone_from_mirror(repository: dict[str, Any], folder: Path, mirror: Path, *
     if head:
         _run([*git, "-C", str(mirror), "symbolic-ref", "HEAD", head[1]], env=env, checking_out=False)
 
+
+def _local_git() -> list[str]:
+    """git on local folders alone: the file protocol only, and no hook."""
+    return ["git", *_config("protocol.allow=never", "protocol.file.allow=always", "core.hooksPath=/dev/null")]
+
+
+def _clone_local(repository: dict[str, Any], folder: Path, mirror: Path) -> Path:
+    """Clone into `folder`/repo from `mirror` (held locked by the caller) as the repository's checkout says,
+    without asking the remote. The clone speaks git's pack protocol to the mirror (`--no-local`: only what
+    its branches reach, and no alternates or hard links into the cache), and is left as a clone from the URL
+    is: origin is the URL, and the reflogs name it."""
+    url = repository["url"]
+    checkout = repository["checkout"] or {}
     local = _environment(folder, None)
     target = folder / "repo"
-    git = ["git", *_config("protocol.allow=never", "protocol.file.allow=always", "core.hooksPath=/dev/null")]
+    git = _local_git()
     clone = [*git, "clone", "--quiet", "--no-tags", "--no-local", *_clone_options(checkout)]
     _run([*clone, "--", str(mirror), str(target)], env=local, checking_out=False)
     _run([*git, "-C", str(target), "config", "remote.origin.url", url], env=local, checking_out=False)
@@ -389,20 +406,36 @@ def repository_archive(resource: dict[str, Any], *, session_id: str, where: str 
             if note is None:
                 raise
             raise RepositoryError(error.kind, f"{note} (git: {error})") from None
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            tar.add(target, arcname=mount[len(WORKSPACE) :], filter=_as_sandbox_user)
-        return buffer.getvalue()
+        return _archive(target, mount)
+
+
+def _archive(target: Path, mount: str) -> bytes:
+    """The clone at `target` as a tar relative to the workspace, placed at `mount`, owned by the sandbox user."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(target, arcname=mount[len(WORKSPACE) :], filter=_as_sandbox_user)
+    return buffer.getvalue()
 
 
 def checkout_repositories(
-    provider: Any, handle: str, resources: list[dict[str, Any]], emit: Any, *, session_id: str
-) -> None:
+    provider: Any,
+    handle: str,
+    resources: list[dict[str, Any]],
+    emit: Any,
+    *,
+    session_id: str,
+    prepared: dict[str, Any] | None = None,
+) -> bool:
     """Put each github_repository resource of session `session_id` into the sandbox; one that cannot be
     (whatever is wrong with it, the stored resource included) is a session.error, and the next still gets
-    its turn."""
+    its turn. `prepared`: the checkout a warm pool sandbox came with (`prepare_checkout`), which stands for
+    the resource it matches only once the session proved its access; otherwise it is removed first.
+    Returns whether it stood."""
+    standing = _prepared_resource(resources, prepared, session_id=session_id) if prepared else None
+    if prepared and standing is None:
+        _remove_prepared(provider, handle, prepared)
     for i, resource in enumerate(resources):
-        if not isinstance(resource, dict) or resource.get("type") != "github_repository":
+        if i == standing or not isinstance(resource, dict) or resource.get("type") != "github_repository":
             continue
         try:
             provider.copy_in(
@@ -420,4 +453,144 @@ def checkout_repositories(
             events.session_error(
                 kind, f"Could not put {url} into the sandbox: {reason}", retry="retrying", repository_url=url
             )
+        )
+    return standing is not None
+
+
+# -- A warm pool sandbox with its environment's repository already checked out
+#
+# An environment may name a repository (config.sandbox.pool_repository) its pooled sandboxes come with. The
+# refill checks it out from the workers' mirror alone, asking no remote and as no session, so it holds only
+# what a session already fetched as itself. The rule of the cache holds: the bytes are saved, never the
+# proof. A session that takes such a sandbox keeps the checkout only if one of its resources names the same
+# repository, folder and checkout, and the mirror, once brought up to date from the remote as that session
+# (the fetch every clone from the cache makes), still gives exactly what was checked out; in every other case
+# (no such resource, a refusal, the remote moved on, a mirror that cannot serve) the checkout is removed
+# before the session can run anything in the sandbox, and its resources are cloned as without a pool.
+
+PREPARE_WAIT_SECONDS = 30  # how long a refill waits for a mirror another clone holds; then it prepares none
+
+
+def _state(mirror: Path, checkout: dict[str, str]) -> str | None:
+    """What a clone of `checkout` from `mirror` (held locked) is made of, as a string that changes whenever
+    that clone would: the branch and its tip (the default branch's name too: the clone's branch is named
+    after it); for a commit, the commit and every branch the full clone copies. None if the mirror cannot
+    give that checkout."""
+    env = _environment(mirror, None)
+
+    def git(*args: str) -> str | None:
+        run = subprocess.run(
+            [*_local_git(), "-C", str(mirror), *args], capture_output=True, text=True, env=env, timeout=60
+        )
+        return run.stdout.strip() if run.returncode == 0 else None
+
+    if checkout.get("type") == "commit":
+        commit = git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{checkout['sha']}^{{commit}}")
+        branches = git("for-each-ref", "--format=%(refname) %(objectname)", "refs/heads/")
+        if (
+            not commit
+            or not branches
+            or not git("for-each-ref", "--count=1", f"--contains={commit}", "refs/heads/")
+        ):
+            return None
+        return f"{commit}\n{branches}"
+    branch = (
+        f"refs/heads/{checkout['name']}" if checkout.get("type") == "branch" else git("symbolic-ref", "HEAD")
+    )
+    tip = (
+        git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{branch}^{{commit}}")
+        if branch
+        else None
+    )
+    return f"{branch} {tip}" if tip else None
+
+
+def _stands_for(repository: dict[str, Any], prepared: dict[str, Any]) -> bool:
+    return (
+        repository["url"] == prepared.get("url")  # the very spelling: the clone's origin is it
+        and repository["mount_path"] == prepared.get("mount_path")
+        and (repository["checkout"] or {}) == (prepared.get("checkout") or {})
+    )
+
+
+def prepare_checkout(provider: Any, handle: str, pool_repository: dict[str, Any]) -> dict[str, Any] | None:
+    """Check the environment's `pool_repository` out into a new pool sandbox from the workers' mirror alone,
+    and return what it holds (the sandbox's `prepared` label); None, with nothing copied, when the cache is
+    off or busy or its mirror cannot give that checkout (no session fetched it yet). A copy that fails
+    raises SandboxError: the caller discards the sandbox, which may hold part of the repository."""
+    if not mirrors.cache_enabled():
+        return None
+    repository = checked_repository(pool_repository, "config.sandbox.pool_repository")
+    checkout = repository["checkout"] or {}
+    try:
+        with (
+            mirrors.mirror_held(repository["url"], wait_s=PREPARE_WAIT_SECONDS) as mirror,
+            tempfile.TemporaryDirectory(prefix="workbench-prepare-") as folder,
+        ):
+            state = _state(mirror, checkout)
+            if state is None:
+                return None
+            archive = _archive(_clone_local(repository, Path(folder), mirror), repository["mount_path"])
+    except (mirrors.MirrorUnavailable, RepositoryError, OSError, tarfile.TarError) as error:
+        logger.warning(
+            "warm pool: could not prepare %s from the repository cache: %s", repository["url"], error
+        )
+        return None
+    provider.copy_in(handle, archive)
+    return {
+        "url": repository["url"],
+        "mount_path": repository["mount_path"],
+        "checkout": checkout,
+        "state": state,
+    }
+
+
+def _prepared_resource(
+    resources: list[dict[str, Any]], prepared: dict[str, Any], *, session_id: str
+) -> int | None:
+    """The index of the session's resource the prepared checkout stands for, once the session proved its
+    access and the mirror still gives what was checked out; None otherwise."""
+    for i, resource in enumerate(resources):
+        if not isinstance(resource, dict) or resource.get("type") != "github_repository":
+            continue
+        try:
+            repository = checked_repository(resource, f"resources[{i}]")
+        except Invalid:
+            continue
+        if not _stands_for(repository, prepared):
+            continue
+        try:
+            with (
+                mirrors.mirror_held(repository["url"], wait_s=CLONE_TIMEOUT_SECONDS) as mirror,
+                tempfile.TemporaryDirectory(prefix="workbench-proof-") as folder,
+            ):
+                _refresh_mirror(repository, Path(folder), mirror, session_id=session_id)
+                if _state(mirror, repository["checkout"] or {}) == prepared.get("state"):
+                    return i
+        except (mirrors.MirrorUnavailable, RepositoryError, OSError) as error:
+            # The clone that follows asks again, and its error is the session's.
+            logger.info(
+                "session %s: the prepared checkout of %s is not used: %s",
+                session_id,
+                resource.get("url"),
+                error,
+            )
+        return None
+    return None
+
+
+def _remove_prepared(provider: Any, handle: str, prepared: dict[str, Any]) -> None:
+    """Remove a prepared checkout the session may not keep; SandboxError if it is still there."""
+    folder = shlex.quote(prepared["mount_path"])
+    try:
+        said = provider.execute(
+            handle, "bash", {"command": f"rm -rf -- {folder}; test -e {folder} || echo gone"}
+        )
+    except (SandboxError, ToolFailed, ToolInputError) as error:
+        raise SandboxError(
+            f"could not remove the warm pool's checkout at {prepared['mount_path']}: {error}"
+        ) from error
+    if said.strip() != "gone":
+        raise SandboxError(
+            f"could not remove the warm pool's checkout at {prepared['mount_path']}: {said.strip()}"
         )

@@ -45,6 +45,21 @@ def make_repository(
     return head
 
 
+def push_commit(bare: Path, name: str, content: str) -> str:
+    """One more commit (the file `name` with `content`) on the served repository's main; returns it."""
+    work = bare.with_name(bare.name + "-more")
+    if not work.exists():
+        subprocess.run(["git", "clone", "-q", str(bare), str(work)], check=True)
+    (work / name).write_text(content)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(work)]
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", name], check=True)
+    subprocess.run([*git, "push", "-q", "origin", "main"], check=True)
+    return subprocess.run(
+        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
 @dataclass
 class GitServer:
     root: Path

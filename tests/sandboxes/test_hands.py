@@ -175,6 +175,63 @@ def test_the_warm_pool_hands_out_a_ready_sandbox_and_refills(brains):
     assert Sandbox.objects.filter(session__isnull=True, status="ready").count() == 1
 
 
+def test_the_warm_pool_hands_out_its_repository_checked_out_only_to_a_session_that_proved_its_access(
+    brains, api, docker_engine, tmp_path
+):
+    """An environment naming a pool_repository: once a session fetched the repository, the refill checks it out
+    into the pooled sandbox; the next session with that repository uses it as it was prepared (its clone is not
+    made again), a session without it finds no trace of it, and no one attaches a prepared pool member."""
+    head = make_repository(tmp_path / "served" / "origin.git", {"README.md": "hello from the repository\n"})
+    with (
+        git_http_server(tmp_path / "served") as server,
+        override_settings(REPOSITORY_PLAIN_HOSTS=["127.0.0.1"], REPOSITORY_CACHE_DIR=str(tmp_path / "cache")),
+    ):
+        repository = {"url": server.url("origin.git"), "mount_path": "/workspace/app"}
+        environment_id = make_environment(
+            config={"type": "cloud", "sandbox": {"warm_pool": 1, "pool_repository": repository}}
+        )
+
+        def pooled_sandbox() -> Sandbox:
+            assert pool_refill(environment_id) == 1
+            [pooled] = Sandbox.objects.filter(
+                environment_id=environment_id, session__isnull=True, status="ready"
+            )
+            return pooled
+
+        def session(*resources: dict) -> str:
+            return session_create(
+                agent=make_agent(tools=TOOLSET), environment_id=environment_id, resources=list(resources)
+            ).id
+
+        with_repository = {"type": "github_repository", **repository}
+        first = session(with_repository)
+        assert results(turn(first, "/bash git -C app rev-parse HEAD")) == [(head, False)]  # fills the mirror
+
+        pooled = pooled_sandbox()
+        assert pooled.labels["prepared"]["mount_path"] == "/workspace/app"
+        refused = api.post(f"/v1/sessions/{first}/sandboxes", {"sandbox_id": pooled.id})
+        assert refused.status_code == 400 and "warm pool" in refused.json()["error"]["message"], (
+            refused.json()
+        )
+        # Changed here, the prepared checkout shows whether the session's is it or a new clone over it.
+        docker_engine.containers.get(pooled.handle).exec_run(
+            ["sh", "-c", "echo prepared >> /workspace/app/README.md"], user="1000"
+        )
+        second = session(with_repository)
+        events = turn(second, "/bash tail -1 app/README.md; git -C app rev-parse HEAD")
+        [provisioned] = [e for e in events if e.type == "sandbox.provisioned"]
+        assert provisioned.payload["sandbox_id"] == pooled.id and provisioned.payload["pooled"]
+        assert results(events) == [(f"prepared\n{head}", False)]
+        assert Sandbox.objects.get(id=pooled.id).labels["prepared"]["kept"] is True
+
+        pooled = pooled_sandbox()
+        third = session()
+        events = turn(third, "/bash ls -A /workspace | wc -l")
+        assert [e.payload["sandbox_id"] for e in events if e.type == "sandbox.provisioned"] == [pooled.id]
+        assert results(events) == [("0", False)]
+        assert Sandbox.objects.get(id=pooled.id).labels["prepared"]["kept"] is False
+
+
 def test_the_reaper_running_while_the_pool_refills_leaves_the_new_containers_alone(
     brains, docker_engine, monkeypatch
 ):

@@ -19,7 +19,7 @@ from django.test import override_settings
 
 from sandboxes import mirrors
 from sandboxes.repositories import checkout_repositories, repository_archive
-from tests.git_server import GitServer, git_http_server, make_repository
+from tests.git_server import GitServer, git_http_server, make_repository, push_commit
 from tests.sandboxes.test_repositories import (
     SESSION,
     TOKEN,
@@ -74,19 +74,6 @@ def _git(folder: Path, *args: str) -> str:
     return subprocess.run(
         ["git", "-C", str(folder), *args], check=True, capture_output=True, text=True
     ).stdout.strip()
-
-
-def _commit(bare: Path, name: str, content: str) -> str:
-    """One more commit on the served repository's main."""
-    work = bare.with_name("more-work")
-    if not work.exists():
-        subprocess.run(["git", "clone", "-q", str(bare), str(work)], check=True)
-    (work / name).write_text(content)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(work)]
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", name], check=True)
-    subprocess.run([*git, "push", "-q", "origin", "main"], check=True)
-    return _git(work, "rev-parse", "HEAD")
 
 
 def _extracted(archive: bytes, folder: Path) -> Path:
@@ -146,7 +133,7 @@ def test_each_clone_brings_the_mirror_up_to_date_from_the_remote(public, tmp_pat
     url = server.url("repo.git")
     first = members(repository_archive(resource(url), session_id=SESSION))
     assert "app/later.txt" not in first
-    later = _commit(tmp_path / "public" / "repo.git", "later.txt", "pushed after the first clone\n")
+    later = push_commit(tmp_path / "public" / "repo.git", "later.txt", "pushed after the first clone\n")
     second = members(repository_archive(resource(url), session_id=SESSION))
     assert second["app/later.txt"] == b"pushed after the first clone\n"
     assert _git(mirrors.mirror_path(url), "rev-parse", "refs/heads/main") == later

@@ -215,7 +215,8 @@ class EnvironmentForm(forms.Form):
         expect=dict,
         initial=DEFAULT_ENVIRONMENT,
         help_text='{"type": "cloud", "networking": …, "packages": …, "sandbox": {"provider", "image", '
-        '"cpus", "memory_mb", "pids", "disk_mb", "warm_pool", "max_sandboxes", "idle_ttl_seconds"}}',
+        '"cpus", "memory_mb", "pids", "disk_mb", "warm_pool", "max_sandboxes", "idle_ttl_seconds", "provisioning", "speculative", '
+        '"pool_repository"}}',
     )
 
     @classmethod

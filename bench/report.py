@@ -298,7 +298,8 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
             f"{plan['tool_turn_every']}th session, sent when the first turn is idle) is where the decoupled modes pay "
             "for what of the sandbox and the clone is not done by then; the exchange runs from the first POST to the "
             "second turn's idle; "
-            f"{rows[2]['pooled_first_sandboxes']} of {rows[2]['tool_result_n']} decoupled+pool ones came from the pool.",
+            f"{rows[2]['pooled_first_sandboxes']} of {rows[2]['n']} decoupled+pool sessions took their sandbox from "
+            f"the pool, {rows[2].get('prepared_checkouts_kept', '–')} of them with the repository checked out and kept.",
             "",
         ]
     out += [

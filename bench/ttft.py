@@ -4,7 +4,9 @@ Every measured session starts in one of four environments, interleaved round-rob
 rate: **coupled** (`provisioning: eager`: the turn provisions the sandbox and clones the session's
 repository into it before its first model call), **decoupled** (lazy, provisioned ahead: the turn starts the
 sandbox and the clone beside its first model request, and the first tool call takes them), **decoupled +
-warm pool** (the same, with `warm_pool` sandboxes kept provisioned) and **decoupled, not ahead** (lazy with
+warm pool** (the same, with `warm_pool` sandboxes kept provisioned, each with the repository already checked
+out: the environment names it as its `pool_repository`, and the pool is filled once the background sessions
+have fetched it into the workers' repository cache) and **decoupled, not ahead** (lazy with
 `speculative: never`: the first tool call provisions, as before provisioning ahead). Each session is created with
 a `github_repository` resource pointing at a realistic repository served by `git daemon` on loopback. A
 client opens the session's SSE stream with `event_deltas[]=agent.message`, POSTs one plain-text user message
@@ -177,6 +179,7 @@ class Sample:
     provision_ms: float | None = None  # coupled: status_running -> sandbox.provisioned
     clone_ms: float | None = None  # coupled: sandbox.provisioned -> span.model_request_start
     pooled: bool | None = None  # the sandbox came from the warm pool
+    prepared_kept: bool = False  # ... with the repository checked out, and the session kept that checkout
     recovered: int = 0  # brain.recovered events: a lease lapsed and the sweeper woke another brain
     errors: list[str] = field(default_factory=list)
 
@@ -441,6 +444,31 @@ class Run:
     def resource(self) -> dict[str, Any]:
         return {"type": "github_repository", "url": self.repo["url"], "mount_path": REPO_MOUNT}
 
+    def pool_config(self, size: int) -> dict[str, Any]:
+        return {
+            "provider": self.plan.provider,
+            "provisioning": "lazy",
+            "warm_pool": size,
+            "pool_repository": {"url": self.repo["url"], "mount_path": REPO_MOUNT},
+        }
+
+    async def fill_pool(self) -> None:
+        """Fill decoupled+pool's warm pool now that the background's clones have put the repository in the
+        workers' cache, so that its sandboxes come with the repository checked out (a pool filled before
+        any session fetched the repository prepares none)."""
+        environment = self.environments["decoupled+pool"]
+        config = {"type": "cloud", "sandbox": self.pool_config(self.plan.warm_pool)}
+        await self.api.post(f"/v1/environments/{environment}", {"config": config})
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            ready, prepared = await asyncio.to_thread(pool_count, environment)
+            if ready >= self.plan.warm_pool:
+                break
+            await asyncio.sleep(1)
+        say(
+            f"warm pool of decoupled+pool: {ready} of {self.plan.warm_pool} ready, {prepared} with the repository"
+        )
+
     async def new_session(self, environment: str, agent: str | None = None) -> str:
         body = {"agent": agent or self.agent, "environment_id": environment, "resources": [self.resource()]}
         return (await self.api.post("/v1/sessions", body))["id"]
@@ -456,11 +484,7 @@ class Run:
         sandbox = {
             "coupled": {"provider": self.plan.provider, "provisioning": "eager"},
             "decoupled": {"provider": self.plan.provider, "provisioning": "lazy"},
-            "decoupled+pool": {
-                "provider": self.plan.provider,
-                "provisioning": "lazy",
-                "warm_pool": self.plan.warm_pool,
-            },
+            "decoupled+pool": self.pool_config(0),  # filled once the repository is in the cache
             "decoupled, not ahead": {
                 "provider": self.plan.provider,
                 "provisioning": "lazy",
@@ -725,8 +749,7 @@ class Run:
 
     async def measure_phases(self) -> None:
         """Phase 1 (the three modes), then phase 2 (the platform's share), beside the running background."""
-        pool_ready = await asyncio.to_thread(pool_count, self.environments["decoupled+pool"])
-        say(f"warm pool of decoupled+pool: {pool_ready} of {self.plan.warm_pool} ready")
+        await self.fill_pool()
         compare = self.compare_schedule()
         say(
             f"phase 1: {len(compare)} sessions ({self.plan.warmup} warm-up + {self.plan.per_mode} per mode), "
@@ -763,6 +786,12 @@ def read_log(sample: Sample, posted_wall: float) -> None:
             sample.recovered += 1
         if kind == "sandbox.provisioned" and sample.pooled is None:
             sample.pooled = bool(payload.get("pooled"))
+    if sample.pooled:
+        from sandboxes.models import Sandbox
+
+        sample.prepared_kept = Sandbox.objects.filter(
+            session_id=sample.session_id, labels__prepared__kept=True
+        ).exists()
     if "user.message" in first:
         sample.logged_ms = (first["user.message"] - posted_wall) * 1000
     if "session.status_running" in first:
@@ -817,10 +846,12 @@ def system_counts() -> tuple[int, int, int]:
     return running, connections, sandboxes
 
 
-def pool_count(environment_id: str) -> int:
+def pool_count(environment_id: str) -> tuple[int, int]:
+    """(the environment's pooled sandboxes that are ready, those of them with the repository checked out)."""
     from sandboxes.models import Sandbox
 
-    return Sandbox.objects.filter(environment_id=environment_id, session__isnull=True, status="ready").count()
+    ready = Sandbox.objects.filter(environment_id=environment_id, session__isnull=True, status="ready")
+    return ready.count(), ready.filter(labels__has_key="prepared").count()
 
 
 # --- Figures ------------------------------------------------------------------------------------------------
@@ -892,6 +923,7 @@ def summarise(samples: list[Sample], plan: Plan) -> list[dict[str, Any]]:
                 "exchange_p50_ms": pct(exchanges, 0.50),
                 "exchange_p95_ms": pct(exchanges, 0.95),
                 "pooled_first_sandboxes": sum(1 for x in ok if x.pooled),
+                "prepared_checkouts_kept": sum(1 for x in ok if x.prepared_kept),
                 "recovered_sessions": sum(1 for x in ok if x.recovered),
             }
         )

@@ -549,7 +549,10 @@ def _prepared_resource(
     resources: list[dict[str, Any]], prepared: dict[str, Any], *, session_id: str
 ) -> int | None:
     """The index of the session's resource the prepared checkout stands for, once the session proved its
-    access and the mirror still gives what was checked out; None otherwise."""
+    access and the mirror still gives what was checked out; None otherwise (also when this worker has no
+    cache: the proof and the comparison need the mirror)."""
+    if not mirrors.cache_enabled():
+        return None
     for i, resource in enumerate(resources):
         if not isinstance(resource, dict) or resource.get("type") != "github_repository":
             continue

@@ -213,3 +213,14 @@ def test_an_environment_names_its_pool_repository_by_a_resource_shape_without_a_
     ]:
         with pytest.raises(Invalid, match=says):
             normalise_config({"type": "cloud", "sandbox": {"pool_repository": wrong}})
+
+
+def test_a_worker_without_the_cache_replaces_the_prepared_checkout_with_its_clone(public, new_sandbox):
+    """The proof and the comparison need the mirror: a worker whose cache is off clones from the network."""
+    server, _ = public
+    url = server.url("repo.git")
+    repository_archive(resource(url), session_id=SESSION)
+    box, prepared = prepared_sandbox(new_sandbox, pool_repository(url))
+    with override_settings(REPOSITORY_CACHE_DIR=""):
+        assert taken(box, [resource(url)], prepared) == []
+    assert not marked(box) and has(box, "/workspace/app/README.md")

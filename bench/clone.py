@@ -10,8 +10,12 @@ share of them) and served by `git daemon` on 127.0.0.1. Each sample first pushes
 (untimed), then times `repository_archive` (the worker's whole clone: git, then the tar copied into a
 sandbox) twice, in alternating order: with the cache off (a clone from the daemon, as before the cache) and
 with it on (the mirror, warm, fetched incrementally from the daemon as the session, then the clone from the
-mirror). Both for the default checkout (one commit deep) and a commit checkout (all history). The first
-fill of the mirror is one more row. No egress proxy: the clone as a public repository's.
+mirror). Both for the default checkout (one commit deep) and a commit checkout (all history). A third row
+per checkout is a session taking a warm pool sandbox prepared with the repository
+(config.sandbox.pool_repository): the pool's checkout is made from the mirror (untimed: the refill's work,
+before any session asks), and the session's side is timed: its proof of access (ls-remote and the fetch as
+the session) and the comparison, with nothing to clone or copy. The first fill of the mirror is one more
+row. No egress proxy: the clone as a public repository's.
 
 Loopback makes the network free: the daemon's clone pays only for packing and indexing. Against a remote
 across a real network (GitHub), the network clone also pays the transfer of the whole tree, which the cache
@@ -44,8 +48,22 @@ NOTE = (
     "`git daemon` on loopback and from the cache (ls-remote and an incremental fetch from the daemon, then a "
     "clone from the mirror), in alternating order. Loopback makes the network free, so the daemon's clone pays "
     "only what the cache's does too (packing, indexing, checkout); across a real network the daemon's side "
-    "would also pay the transfer of the tree, and the cache only that of the new commit."
+    "would also pay the transfer of the tree, and the cache only that of the new commit. The prepared pool row "
+    "times a session keeping a warm pool sandbox's checkout: its fetch as itself, nothing cloned or copied."
 )
+
+
+class PreparedSandbox:
+    """Stands in for a warm pool sandbox: takes the refill's checkout, and fails the row if the session's side
+    copies or runs anything (the prepared checkout must stand)."""
+
+    def copy_in(self, handle: str, archive: bytes) -> None:
+        self.archive = archive
+
+    def execute(self, *args: object, **kwargs: object) -> str:
+        raise AssertionError("the prepared checkout did not stand: the session's side removed it")
+
+
 GIT = ["git", "-c", "user.name=bench", "-c", "user.email=bench@example.invalid"]
 
 
@@ -105,7 +123,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     axis.boxplot(
         [r["samples_ms"] for r in rows], orientation="horizontal", tick_labels=[r["name"] for r in rows]
     )
-    axis.set_xlabel("ms (repository_archive: clone + tar)")
+    axis.set_xlabel("ms (repository_archive: clone + tar; a prepared pool sandbox: the session's proof)")
     axis.set_xscale("log")
     save_figure(figure, path, title)
 
@@ -135,7 +153,7 @@ def main() -> int:
     from django.test import override_settings
 
     from sandboxes import mirrors
-    from sandboxes.repositories import repository_archive
+    from sandboxes.repositories import checkout_repositories, prepare_checkout, repository_archive
 
     daemon = None
     try:
@@ -180,6 +198,28 @@ def main() -> int:
 
             return action
 
+        def taken_prepared(checkout: dict[str, str] | None) -> float:
+            """A session's take of a pool sandbox prepared (untimed) from the mirror as it is now: timed."""
+            repository = {"url": url, "mount_path": "/workspace/repo", "checkout": checkout}
+            pooled = PreparedSandbox()
+            prepared = prepare_checkout(pooled, "pooled", repository)
+            if prepared is None:
+                raise RuntimeError("the mirror did not give the pool its checkout")
+            errors: list[dict[str, Any]] = []
+            started = time.perf_counter()
+            kept = checkout_repositories(
+                pooled,
+                "pooled",
+                [{"type": "github_repository", **repository}],
+                errors.append,
+                session_id=session,
+                prepared=prepared,
+            )
+            took = (time.perf_counter() - started) * 1000
+            if not kept or errors:
+                raise RuntimeError(f"the prepared checkout did not stand: {errors}")
+            return took
+
         first_fill = timed(clone(None, cache=True))
         archive_bytes = len(clone(None, cache=False)())
         cases = {
@@ -189,15 +229,19 @@ def main() -> int:
         samples: dict[tuple[str, bool], list[float]] = {
             (case, cache): [] for case in cases for cache in (False, True)
         }
+        prepared: dict[str, list[float]] = {case: [] for case in cases}
         for n in range(args.samples):
             head = push_one_more(work, served, n)
             for case, checkout in cases.items():
                 order = (False, True) if n % 2 else (True, False)
                 for cache in order:
                     samples[(case, cache)].append(timed(clone(checkout(head), cache=cache)))
+                prepared[case].append(taken_prepared(checkout(head)))
             say(
                 f"sample {n + 1}/{args.samples}: "
                 + ", ".join(f"{'cache' if c else 'daemon'} {s[-1]:,.0f} ms" for (_, c), s in samples.items())
+                + ", prepared pool "
+                + ", ".join(f"{s[-1]:,.0f} ms" for s in prepared.values())
             )
         rows = []
         for case in cases:
@@ -205,6 +249,8 @@ def main() -> int:
             speedup = (pct(network, 0.5) or 0) / (pct(cached, 0.5) or 1)
             rows.append(row(f"{case}: from git daemon", network, p50_speedup=None))
             rows.append(row(f"{case}: from the cache", cached, p50_speedup=f"{speedup:.1f}x"))
+            ready = (pct(network, 0.5) or 0) / (pct(prepared[case], 0.5) or 1)
+            rows.append(row(f"{case}: a prepared pool sandbox", prepared[case], p50_speedup=f"{ready:.1f}x"))
         rows.append(row("first fill of the mirror (default checkout)", [first_fill], p50_speedup=None))
         mirror = mirrors.mirror_path(url)
         machine = machine_info()

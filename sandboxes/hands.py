@@ -61,9 +61,14 @@ def _new_sandbox(environment: Environment, *, session: Session, name: str, label
     the caller then starts. Nothing slow: the session's row is locked meanwhile."""
     pooled = pool_take(environment, session=session, name=name)
     if pooled is not None:
-        if labels.get("speculative"):  # unused, it is reaped sooner (sandboxes/reaper.py)
-            pooled.labels = {**pooled.labels, "speculative": True}
-            Sandbox.objects.filter(id=pooled.id).update(labels=pooled.labels)
+        # The brain's epoch, and `speculative` (unused, it is reaped sooner: sandboxes/reaper.py); its idle
+        # time runs from the take, not from the refill.
+        pooled.labels, pooled.last_used_at = {**pooled.labels, **labels}, timezone.now()
+        if pooled.labels.get("prepared"):  # unusable until the session proved its access (`_take_prepared`)
+            pooled.status = Sandbox.Status.PROVISIONING
+        Sandbox.objects.filter(id=pooled.id).update(
+            labels=pooled.labels, status=pooled.status, last_used_at=pooled.last_used_at
+        )
         return pooled
     return Sandbox.objects.create(
         environment=environment,
@@ -159,6 +164,9 @@ def sandbox_provision(
         if speculative:
             labels["speculative"] = True
         sandbox = _new_sandbox(session.environment, session=session, name=name, labels=labels)
+    if sandbox.labels.get("from_pool") and sandbox.labels.get("prepared"):
+        _take_prepared(sandbox, session, emit)
+        return sandbox
     if sandbox.status == Sandbox.Status.PROVISIONING:
         provider = provider_of(sandbox)
         try:
@@ -183,32 +191,51 @@ def sandbox_provision(
             sandbox.id, name, provider=sandbox.provider, pooled=bool(sandbox.labels.get("from_pool"))
         )
     )
-    prepared = sandbox.labels.get("prepared") if sandbox.labels.get("from_pool") else None
-    if session.resources or prepared:
-        try:
-            kept = checkout_repositories(
-                provider_of(sandbox),
-                sandbox.handle,
-                session.resources,
-                emit,
-                session_id=session.id,
-                prepared=prepared,
-            )
-        except SandboxError as error:  # a warm pool's checkout the session may not keep stayed in it
-            _discard(sandbox, name, str(error), emit)
-            raise
-        if prepared:  # for the operator (and bench/ttft): whether the pool's checkout saved the clone
-            sandbox.labels = {**sandbox.labels, "prepared": {**prepared, "kept": kept}}
-            Sandbox.objects.filter(id=sandbox.id).update(labels=sandbox.labels)
+    if session.resources:
+        checkout_repositories(
+            provider_of(sandbox), sandbox.handle, session.resources, emit, session_id=session.id
+        )
     return sandbox
 
 
-def _discard(sandbox: Sandbox, name: str, reason: str, emit: Emit) -> None:
-    """A new hand no call may use: dead, its container removed, and the log says why."""
+def _take_prepared(sandbox: Sandbox, session: Session, emit: Emit) -> None:
+    """Hand over a pooled sandbox that came with a repository checked out (sandboxes/repositories.py): it was
+    taken provisioning (`_new_sandbox`), so no call, attach, detach or transfer reaches it until the session
+    proved its access to that checkout or the checkout is gone; then it is ready. Whatever fails meanwhile
+    (the toolbox's reset, a lost lease, git, the removal) discards it, container and all."""
+    provider = provider_of(sandbox)
+    prepared = sandbox.labels["prepared"]
+    try:
+        if variables := session_env(sandbox):
+            provider.reset(sandbox.handle, env=variables)
+        emit(events.sandbox_provisioned(sandbox.id, sandbox.name, provider=sandbox.provider, pooled=True))
+        kept = checkout_repositories(
+            provider, sandbox.handle, session.resources, emit, session_id=session.id, prepared=prepared
+        )
+    except BaseException as error:
+        _discard(sandbox, f"it came from the warm pool with a repository checked out, and {error}", emit)
+        raise
+    # Only if no one gave the row up meanwhile (a newer brain of the session, the reaper's grace). `kept` is
+    # for the operator (and bench/ttft): whether the pool's checkout saved the session its clone.
+    labels = {**sandbox.labels, "prepared": {**prepared, "kept": kept}}
+    if not Sandbox.objects.filter(id=sandbox.id, status=Sandbox.Status.PROVISIONING).update(
+        status=Sandbox.Status.READY, labels=labels
+    ):
+        with suppress(SandboxError):
+            provider.terminate(sandbox.handle)
+        raise SandboxError(f"the sandbox {sandbox.id} was given up while its repository was being checked")
+    sandbox.labels, sandbox.status = labels, Sandbox.Status.READY
+
+
+def _discard(sandbox: Sandbox, reason: str, emit: Emit) -> None:
+    """A new hand no call may use: dead, its container removed, and the log says why (if it still can)."""
     Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.DEAD)
     with suppress(SandboxError):
         provider_of(sandbox).terminate(sandbox.handle)
-    emit(events.sandbox_failed(name, reason, sandbox_id=sandbox.id))
+    try:
+        emit(events.sandbox_failed(sandbox.name, reason, sandbox_id=sandbox.id))
+    except Exception:  # a lost lease: the next brain finds the row dead
+        logger.warning("sandbox %s discarded (%s); the log could not say so", sandbox.id, reason)
 
 
 PREPARED_RESOURCES = ("github_repository", "file")  # what a session's sandbox is prepared with

@@ -18,6 +18,7 @@ from contextlib import suppress
 from celery import current_app
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from sandboxes.models import Environment, Sandbox
 from sandboxes.providers import SandboxError
@@ -99,8 +100,10 @@ def pool_refill(environment_id: str) -> int:
         ]
     repository = (environment.config.get("sandbox") or {}).get("pool_repository")
     added = 0
-    for sandbox in rows:
+    for i, sandbox in enumerate(rows):
         provider = provider_of(sandbox)
+        # Its grace with the reaper runs from now, not from when the rows were made.
+        Sandbox.objects.filter(id=sandbox.id).update(last_used_at=timezone.now())
         try:
             sandbox.handle = provider.provision(resources_for(environment, sandbox))
             prepared = prepare_checkout(provider, sandbox.handle, repository) if repository else None
@@ -109,11 +112,15 @@ def pool_refill(environment_id: str) -> int:
             if sandbox.handle:  # started, but part of a checkout may be in it: no session gets it
                 with suppress(SandboxError):
                     provider.terminate(sandbox.handle)
-            Sandbox.objects.filter(id__in=[row.id for row in rows[added:]]).update(status=Sandbox.Status.DEAD)
+            Sandbox.objects.filter(id__in=[row.id for row in rows[i:]]).update(status=Sandbox.Status.DEAD)
             break
-        if prepared:
-            sandbox.labels = {**sandbox.labels, "prepared": prepared}
-        sandbox.status = Sandbox.Status.READY
-        sandbox.save(update_fields=["handle", "status", "labels"])
+        labels = {**sandbox.labels, "prepared": prepared} if prepared else sandbox.labels
+        # Only if the reaper did not give the row up meanwhile.
+        if not Sandbox.objects.filter(id=sandbox.id, status=Sandbox.Status.PROVISIONING).update(
+            handle=sandbox.handle, status=Sandbox.Status.READY, labels=labels
+        ):
+            with suppress(SandboxError):
+                provider.terminate(sandbox.handle)
+            continue
         added += 1
     return added

@@ -16,7 +16,8 @@ from sandboxes.providers import PROVIDERS, SandboxError, held_by
 logger = logging.getLogger(__name__)
 
 
-# A row still provisioning after this long belongs to a worker that died while provisioning.
+# A row still provisioning this long after it was last touched (made, or taken from the warm pool with a
+# checkout to prove) belongs to a worker that died while provisioning.
 PROVISIONING_GRACE = timedelta(minutes=2)
 
 
@@ -46,7 +47,7 @@ def reap_orphans(providers: tuple[str, ...] = PROVIDERS) -> list[str]:
     Only this deployment's: an engine may be shared with other deployments and their sandboxes.
     """
     Sandbox.objects.filter(
-        status=Sandbox.Status.PROVISIONING, created_at__lt=timezone.now() - PROVISIONING_GRACE
+        status=Sandbox.Status.PROVISIONING, last_used_at__lt=timezone.now() - PROVISIONING_GRACE
     ).update(status=Sandbox.Status.DEAD)
     live = set(
         Sandbox.objects.filter(

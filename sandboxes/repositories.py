@@ -473,16 +473,23 @@ PREPARE_WAIT_SECONDS = 30  # how long a refill waits for a mirror another clone 
 
 def _state(mirror: Path, checkout: dict[str, str]) -> str | None:
     """What a clone of `checkout` from `mirror` (held locked) is made of, as a string that changes whenever
-    that clone would: the branch and its tip (the default branch's name too: the clone's branch is named
-    after it); for a commit, the commit and every branch the full clone copies. None if the mirror cannot
-    give that checkout."""
+    that clone would: the mirror's HEAD (the remote's default branch: the clone's branch, or its origin/HEAD,
+    is named after it), the branch and its tip; for a commit, the commit and every branch the full clone
+    copies. None if the mirror cannot give that checkout."""
     env = _environment(mirror, None)
 
     def git(*args: str) -> str | None:
-        run = subprocess.run(
-            [*_local_git(), "-C", str(mirror), *args], capture_output=True, text=True, env=env, timeout=60
-        )
+        try:
+            run = subprocess.run(
+                [*_local_git(), "-C", str(mirror), *args], capture_output=True, text=True, env=env, timeout=60
+            )
+        except subprocess.TimeoutExpired:
+            return None
         return run.stdout.strip() if run.returncode == 0 else None
+
+    head = git("symbolic-ref", "HEAD")
+    if not head:
+        return None
 
     if checkout.get("type") == "commit":
         commit = git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{checkout['sha']}^{{commit}}")
@@ -493,16 +500,10 @@ def _state(mirror: Path, checkout: dict[str, str]) -> str | None:
             or not git("for-each-ref", "--count=1", f"--contains={commit}", "refs/heads/")
         ):
             return None
-        return f"{commit}\n{branches}"
-    branch = (
-        f"refs/heads/{checkout['name']}" if checkout.get("type") == "branch" else git("symbolic-ref", "HEAD")
-    )
-    tip = (
-        git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{branch}^{{commit}}")
-        if branch
-        else None
-    )
-    return f"{branch} {tip}" if tip else None
+        return f"{head}\n{commit}\n{branches}"
+    branch = f"refs/heads/{checkout['name']}" if checkout.get("type") == "branch" else head
+    tip = git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{branch}^{{commit}}")
+    return f"{head}\n{branch} {tip}" if tip else None
 
 
 def _stands_for(repository: dict[str, Any], prepared: dict[str, Any]) -> bool:
@@ -520,7 +521,11 @@ def prepare_checkout(provider: Any, handle: str, pool_repository: dict[str, Any]
     raises SandboxError: the caller discards the sandbox, which may hold part of the repository."""
     if not mirrors.cache_enabled():
         return None
-    repository = checked_repository(pool_repository, "config.sandbox.pool_repository")
+    try:  # checked when stored, but the installation's rules (REPOSITORY_PLAIN_HOSTS) may have changed since
+        repository = checked_repository(pool_repository, "config.sandbox.pool_repository")
+    except Invalid as error:
+        logger.warning("warm pool: not preparing %s: %s", pool_repository.get("url"), error.message)
+        return None
     checkout = repository["checkout"] or {}
     try:
         with (

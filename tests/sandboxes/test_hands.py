@@ -232,6 +232,67 @@ def test_the_warm_pool_hands_out_its_repository_checked_out_only_to_a_session_th
         assert Sandbox.objects.get(id=pooled.id).labels["prepared"]["kept"] is False
 
 
+def test_a_prepared_pool_sandbox_is_out_of_reach_until_proved_and_discarded_if_its_checkout_cannot_go(
+    brains, api, docker_engine, tmp_path, monkeypatch
+):
+    """While the session proves its access, the taken sandbox is provisioning: not the session's hand yet, and
+    nobody's to attach. A checkout the session may not keep and that cannot be removed discards the sandbox
+    (container and all; the log says so), and the session's next call gets a new one."""
+    from sandboxes import repositories
+
+    make_repository(tmp_path / "served" / "origin.git", {"README.md": "hello from the repository\n"})
+    with (
+        git_http_server(tmp_path / "served") as server,
+        override_settings(REPOSITORY_PLAIN_HOSTS=["127.0.0.1"], REPOSITORY_CACHE_DIR=str(tmp_path / "cache")),
+    ):
+        repository = {"url": server.url("origin.git"), "mount_path": "/workspace/app"}
+        environment_id = make_environment(
+            config={"type": "cloud", "sandbox": {"warm_pool": 1, "pool_repository": repository}}
+        )
+        with_repository = {"type": "github_repository", **repository}
+        first = session_create(
+            agent=make_agent(tools=TOOLSET), environment_id=environment_id, resources=[with_repository]
+        ).id
+        turn(first, "/bash true")  # fills the mirror
+        assert pool_refill(environment_id) == 1
+        [pooled] = Sandbox.objects.filter(environment_id=environment_id, session__isnull=True, status="ready")
+
+        real, seen = repositories._prepared_resource, {}
+
+        def watched(resources, prepared, *, session_id):
+            seen["status"] = Sandbox.objects.get(id=pooled.id).status
+            seen["held"] = held(session_id)
+            seen["attach"] = api.post(
+                f"/v1/sessions/{first}/sandboxes", {"sandbox_id": pooled.id}
+            ).status_code
+            return real(resources, prepared, session_id=session_id)
+
+        monkeypatch.setattr(repositories, "_prepared_resource", watched)
+        second = session_create(
+            agent=make_agent(tools=TOOLSET), environment_id=environment_id, resources=[with_repository]
+        ).id
+        assert results(turn(second, "/bash cat app/README.md")) == [("hello from the repository", False)]
+        assert seen == {"status": "provisioning", "held": [], "attach": 400}
+
+        assert pool_refill(environment_id) == 1
+        [pooled] = Sandbox.objects.filter(environment_id=environment_id, session__isnull=True, status="ready")
+        container = docker_engine.containers.get(pooled.handle)
+        assert container.exec_run(["chmod", "555", "/workspace"], user="1000").exit_code == 0  # no removal
+        third = session_create(agent=make_agent(tools=TOOLSET), environment_id=environment_id).id
+        events = turn(third, "/bash echo hi")
+        [failed] = [e for e in events if e.type == "sandbox.failed"]
+        assert failed.payload["sandbox_id"] == pooled.id and "warm pool" in failed.payload["reason"], (
+            failed.payload
+        )
+        assert [ok for _, ok in results(events)] == [True]
+        assert Sandbox.objects.get(id=pooled.id).status in ("dead", "terminated")
+        assert not docker_engine.containers.list(
+            all=True, filters={"label": f"workbench.sandbox={pooled.id}"}
+        )
+        [(said, error)] = results(turn(third, "/bash echo hi"))
+        assert said.endswith("was provisioned: the previous one had died]\nhi") and not error, said
+
+
 def test_the_reaper_running_while_the_pool_refills_leaves_the_new_containers_alone(
     brains, docker_engine, monkeypatch
 ):

@@ -25,6 +25,7 @@ from tests.sandboxes.test_repositories import SESSION, TOKEN, fake_door, resourc
 README = "hello from the repository\n"
 OTHER_SESSION = "sesn_other_tenant"
 LINE = "a line only the prepared checkout has"  # a copy of the repository over it would overwrite it
+POOL_ONLY = "/workspace/app/.pool-only"  # a file only the prepared checkout has: only its removal removes it
 # What a checkout is, apart from times: its files' names and contents, HEAD, refs, config, shallow boundary.
 SHAPE = (
     "cd /workspace/app && git ls-files -s && git status --porcelain && cat .git/HEAD .git/config && "
@@ -66,7 +67,7 @@ def prepared_sandbox(new_sandbox: Any, repository: dict[str, Any]) -> tuple[Sand
     box = new_sandbox()
     prepared = prepare_checkout(box.provider, box.handle, repository)
     if prepared:
-        box.bash(f"echo '{LINE}' >> /workspace/app/README.md")
+        box.bash(f"echo '{LINE}' >> /workspace/app/README.md; touch {POOL_ONLY}")
     return box, prepared
 
 
@@ -125,7 +126,7 @@ def test_a_session_that_proves_its_access_keeps_the_prepared_checkout_which_is_i
     assert marked(box), "the prepared checkout was replaced"
     assert len(server.requests) > asked, "the session did not prove its access to the remote"
     # The checkout it kept, but for the test's mark, is the one a sandbox without a pool gets.
-    box.bash("git -C /workspace/app checkout -- README.md")
+    box.bash(f"git -C /workspace/app checkout -- README.md; rm {POOL_ONLY}")
     fresh = new_sandbox()
     assert taken(fresh, [resource(url, checkout=checkout)], None) == []
     assert box.bash(SHAPE) == fresh.bash(SHAPE)
@@ -140,9 +141,28 @@ def test_after_the_remote_moved_on_the_session_gets_the_new_tip_and_nothing_of_t
     box, prepared = prepared_sandbox(new_sandbox, pool_repository(url))
     later = push_commit(bare, "later.txt", "pushed after the pool was filled\n")
     assert taken(box, [resource(url)], prepared) == []
-    assert not marked(box)
+    assert not marked(box) and not has(box, POOL_ONLY)
     shown = box.bash("git -C /workspace/app rev-parse HEAD; cat /workspace/app/later.txt")
     assert shown == f"{later}\npushed after the pool was filled"
+
+
+def test_what_a_fresh_clone_would_differ_in_replaces_the_prepared_checkout(public, new_sandbox):
+    """The remote's default branch changed (a default checkout now clones another branch), or a branch was
+    added (a commit checkout copies every branch): the session gets that clone, not the pool's."""
+    server, bare = public
+    url = server.url("repo.git")
+    commit = {"type": "commit", "sha": main_commit(bare)}
+    repository_archive(resource(url), session_id=SESSION)
+    default, prepared_default = prepared_sandbox(new_sandbox, pool_repository(url))
+    pinned, prepared_pinned = prepared_sandbox(new_sandbox, pool_repository(url, checkout=commit))
+    subprocess.run(["git", "-C", str(bare), "symbolic-ref", "HEAD", "refs/heads/feature"], check=True)
+    subprocess.run(["git", "-C", str(bare), "branch", "later", "main"], check=True)
+
+    assert taken(default, [resource(url)], prepared_default) == []
+    assert not has(default, POOL_ONLY) and has(default, "/workspace/app/feature.txt")
+    assert taken(pinned, [resource(url, checkout=commit)], prepared_pinned) == []
+    assert not has(pinned, POOL_ONLY)
+    assert "origin/later" in pinned.bash("git -C /workspace/app branch -r")
 
 
 @pytest.mark.parametrize(
@@ -165,7 +185,7 @@ def test_a_session_without_that_very_repository_finds_nothing_of_the_prepared_ch
     box, prepared = prepared_sandbox(new_sandbox, pool_repository(url))
     mine = [resource(server.url(r.pop("url", "repo.git")), **r) for r in resources]
     assert taken(box, mine, prepared) == []
-    assert not marked(box)
+    assert not marked(box) and not has(box, POOL_ONLY)
     if not mine:
         assert box.bash("ls -A /workspace").strip() == ""
     else:
@@ -223,4 +243,4 @@ def test_a_worker_without_the_cache_replaces_the_prepared_checkout_with_its_clon
     box, prepared = prepared_sandbox(new_sandbox, pool_repository(url))
     with override_settings(REPOSITORY_CACHE_DIR=""):
         assert taken(box, [resource(url)], prepared) == []
-    assert not marked(box) and has(box, "/workspace/app/README.md")
+    assert not marked(box) and not has(box, POOL_ONLY) and has(box, "/workspace/app/README.md")

@@ -123,7 +123,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     axis.boxplot(
         [r["samples_ms"] for r in rows], orientation="horizontal", tick_labels=[r["name"] for r in rows]
     )
-    axis.set_xlabel("ms (repository_archive: clone + tar; a prepared pool sandbox: the session's proof)")
+    axis.set_xlabel("ms (clone + tar; a prepared pool sandbox: the session's proof alone)")
     axis.set_xscale("log")
     save_figure(figure, path, title)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import pytest
 from django.conf import settings
@@ -175,12 +176,30 @@ def test_the_warm_pool_hands_out_a_ready_sandbox_and_refills(brains):
     assert Sandbox.objects.filter(session__isnull=True, status="ready").count() == 1
 
 
-def test_the_warm_pool_hands_out_its_repository_checked_out_only_to_a_session_that_proved_its_access(
-    brains, api, docker_engine, tmp_path
-):
-    """An environment naming a pool_repository: once a session fetched the repository, the refill checks it out
-    into the pooled sandbox; the next session with that repository uses it as it was prepared (its clone is not
-    made again), a session without it finds no trace of it, and no one attaches a prepared pool member."""
+@dataclass
+class PreparedPool:
+    """An environment whose warm pool (of one) comes with a served repository checked out."""
+
+    environment_id: str
+    resource: dict  # the session resource naming that repository
+    head: str  # its commit
+
+    def session(self, *resources: dict) -> str:
+        return session_create(
+            agent=make_agent(tools=TOOLSET), environment_id=self.environment_id, resources=list(resources)
+        ).id
+
+    def refilled(self) -> Sandbox:
+        assert pool_refill(self.environment_id) == 1
+        [pooled] = Sandbox.objects.filter(
+            environment_id=self.environment_id, session__isnull=True, status="ready"
+        )
+        return pooled
+
+
+@pytest.fixture
+def prepared_pool(brains, tmp_path):
+    """A PreparedPool whose repository one session has already fetched (so the refill can prepare it)."""
     head = make_repository(tmp_path / "served" / "origin.git", {"README.md": "hello from the repository\n"})
     with (
         git_http_server(tmp_path / "served") as server,
@@ -190,107 +209,77 @@ def test_the_warm_pool_hands_out_its_repository_checked_out_only_to_a_session_th
         environment_id = make_environment(
             config={"type": "cloud", "sandbox": {"warm_pool": 1, "pool_repository": repository}}
         )
-
-        def pooled_sandbox() -> Sandbox:
-            assert pool_refill(environment_id) == 1
-            [pooled] = Sandbox.objects.filter(
-                environment_id=environment_id, session__isnull=True, status="ready"
-            )
-            return pooled
-
-        def session(*resources: dict) -> str:
-            return session_create(
-                agent=make_agent(tools=TOOLSET), environment_id=environment_id, resources=list(resources)
-            ).id
-
-        with_repository = {"type": "github_repository", **repository}
-        first = session(with_repository)
+        pool = PreparedPool(environment_id, {"type": "github_repository", **repository}, head)
+        first = pool.session(pool.resource)
         assert results(turn(first, "/bash git -C app rev-parse HEAD")) == [(head, False)]  # fills the mirror
+        yield pool
 
-        pooled = pooled_sandbox()
-        assert pooled.labels["prepared"]["mount_path"] == "/workspace/app"
-        refused = api.post(f"/v1/sessions/{first}/sandboxes", {"sandbox_id": pooled.id})
-        assert refused.status_code == 400 and "warm pool" in refused.json()["error"]["message"], (
-            refused.json()
-        )
-        # Changed here, the prepared checkout shows whether the session's is it or a new clone over it.
-        docker_engine.containers.get(pooled.handle).exec_run(
-            ["sh", "-c", "echo prepared >> /workspace/app/README.md"], user="1000"
-        )
-        second = session(with_repository)
-        events = turn(second, "/bash tail -1 app/README.md; git -C app rev-parse HEAD")
-        [provisioned] = [e for e in events if e.type == "sandbox.provisioned"]
-        assert provisioned.payload["sandbox_id"] == pooled.id and provisioned.payload["pooled"]
-        assert results(events) == [(f"prepared\n{head}", False)]
-        assert Sandbox.objects.get(id=pooled.id).labels["prepared"]["kept"] is True
 
-        pooled = pooled_sandbox()
-        third = session()
-        events = turn(third, "/bash ls -A /workspace | wc -l")
-        assert [e.payload["sandbox_id"] for e in events if e.type == "sandbox.provisioned"] == [pooled.id]
-        assert results(events) == [("0", False)]
-        assert Sandbox.objects.get(id=pooled.id).labels["prepared"]["kept"] is False
+def test_the_warm_pool_hands_out_its_repository_checked_out_only_to_a_session_that_proved_its_access(
+    prepared_pool, api, docker_engine
+):
+    """Once a session fetched the repository, the refill checks it out into the pooled sandbox; the next
+    session with that repository uses it as it was prepared (its clone is not made again), a session without
+    it finds no trace of it, and no one attaches a prepared pool member."""
+    pool = prepared_pool
+    pooled = pool.refilled()
+    assert pooled.labels["prepared"]["mount_path"] == "/workspace/app"
+    refused = api.post(f"/v1/sessions/{pool.session()}/sandboxes", {"sandbox_id": pooled.id})
+    assert refused.status_code == 400 and "warm pool" in refused.json()["error"]["message"], refused.json()
+    # Changed here, the prepared checkout shows whether the session's is it or a new clone over it.
+    docker_engine.containers.get(pooled.handle).exec_run(
+        ["sh", "-c", "echo prepared >> /workspace/app/README.md"], user="1000"
+    )
+    events = turn(pool.session(pool.resource), "/bash tail -1 app/README.md; git -C app rev-parse HEAD")
+    [provisioned] = [e for e in events if e.type == "sandbox.provisioned"]
+    assert provisioned.payload["sandbox_id"] == pooled.id and provisioned.payload["pooled"]
+    assert results(events) == [(f"prepared\n{pool.head}", False)]
+    assert Sandbox.objects.get(id=pooled.id).labels["prepared"]["kept"] is True
+
+    pooled = pool.refilled()
+    events = turn(pool.session(), "/bash ls -A /workspace | wc -l")
+    assert [e.payload["sandbox_id"] for e in events if e.type == "sandbox.provisioned"] == [pooled.id]
+    assert results(events) == [("0", False)]
+    assert Sandbox.objects.get(id=pooled.id).labels["prepared"]["kept"] is False
 
 
 def test_a_prepared_pool_sandbox_is_out_of_reach_until_proved_and_discarded_if_its_checkout_cannot_go(
-    brains, api, docker_engine, tmp_path, monkeypatch
+    prepared_pool, api, docker_engine, monkeypatch
 ):
     """While the session proves its access, the taken sandbox is provisioning: not the session's hand yet, and
     nobody's to attach. A checkout the session may not keep and that cannot be removed discards the sandbox
     (container and all; the log says so), and the session's next call gets a new one."""
     from sandboxes import repositories
 
-    make_repository(tmp_path / "served" / "origin.git", {"README.md": "hello from the repository\n"})
-    with (
-        git_http_server(tmp_path / "served") as server,
-        override_settings(REPOSITORY_PLAIN_HOSTS=["127.0.0.1"], REPOSITORY_CACHE_DIR=str(tmp_path / "cache")),
-    ):
-        repository = {"url": server.url("origin.git"), "mount_path": "/workspace/app"}
-        environment_id = make_environment(
-            config={"type": "cloud", "sandbox": {"warm_pool": 1, "pool_repository": repository}}
-        )
-        with_repository = {"type": "github_repository", **repository}
-        first = session_create(
-            agent=make_agent(tools=TOOLSET), environment_id=environment_id, resources=[with_repository]
-        ).id
-        turn(first, "/bash true")  # fills the mirror
-        assert pool_refill(environment_id) == 1
-        [pooled] = Sandbox.objects.filter(environment_id=environment_id, session__isnull=True, status="ready")
+    pool = prepared_pool
+    pooled, other = pool.refilled(), pool.session()
+    real, seen = repositories._prepared_resource, {}
 
-        real, seen = repositories._prepared_resource, {}
+    def watched(resources, prepared, *, session_id):
+        seen["status"] = Sandbox.objects.get(id=pooled.id).status
+        seen["held"] = held(session_id)
+        seen["attach"] = api.post(f"/v1/sessions/{other}/sandboxes", {"sandbox_id": pooled.id}).status_code
+        return real(resources, prepared, session_id=session_id)
 
-        def watched(resources, prepared, *, session_id):
-            seen["status"] = Sandbox.objects.get(id=pooled.id).status
-            seen["held"] = held(session_id)
-            seen["attach"] = api.post(
-                f"/v1/sessions/{first}/sandboxes", {"sandbox_id": pooled.id}
-            ).status_code
-            return real(resources, prepared, session_id=session_id)
+    monkeypatch.setattr(repositories, "_prepared_resource", watched)
+    second = pool.session(pool.resource)
+    assert results(turn(second, "/bash cat app/README.md")) == [("hello from the repository", False)]
+    assert seen == {"status": "provisioning", "held": [], "attach": 400}
 
-        monkeypatch.setattr(repositories, "_prepared_resource", watched)
-        second = session_create(
-            agent=make_agent(tools=TOOLSET), environment_id=environment_id, resources=[with_repository]
-        ).id
-        assert results(turn(second, "/bash cat app/README.md")) == [("hello from the repository", False)]
-        assert seen == {"status": "provisioning", "held": [], "attach": 400}
-
-        assert pool_refill(environment_id) == 1
-        [pooled] = Sandbox.objects.filter(environment_id=environment_id, session__isnull=True, status="ready")
-        container = docker_engine.containers.get(pooled.handle)
-        assert container.exec_run(["chmod", "555", "/workspace"], user="1000").exit_code == 0  # no removal
-        third = session_create(agent=make_agent(tools=TOOLSET), environment_id=environment_id).id
-        events = turn(third, "/bash echo hi")
-        [failed] = [e for e in events if e.type == "sandbox.failed"]
-        assert failed.payload["sandbox_id"] == pooled.id and "warm pool" in failed.payload["reason"], (
-            failed.payload
-        )
-        assert [ok for _, ok in results(events)] == [True]
-        assert Sandbox.objects.get(id=pooled.id).status in ("dead", "terminated")
-        assert not docker_engine.containers.list(
-            all=True, filters={"label": f"workbench.sandbox={pooled.id}"}
-        )
-        [(said, error)] = results(turn(third, "/bash echo hi"))
-        assert said.endswith("was provisioned: the previous one had died]\nhi") and not error, said
+    pooled = pool.refilled()
+    container = docker_engine.containers.get(pooled.handle)
+    assert container.exec_run(["chmod", "555", "/workspace"], user="1000").exit_code == 0  # no removal
+    third = pool.session()
+    events = turn(third, "/bash echo hi")
+    [failed] = [e for e in events if e.type == "sandbox.failed"]
+    assert failed.payload["sandbox_id"] == pooled.id and "warm pool" in failed.payload["reason"], (
+        failed.payload
+    )
+    assert [ok for _, ok in results(events)] == [True]
+    assert Sandbox.objects.get(id=pooled.id).status in ("dead", "terminated")
+    assert not docker_engine.containers.list(all=True, filters={"label": f"workbench.sandbox={pooled.id}"})
+    [(said, error)] = results(turn(third, "/bash echo hi"))
+    assert said.endswith("was provisioned: the previous one had died]\nhi") and not error, said
 
 
 def test_the_reaper_running_while_the_pool_refills_leaves_the_new_containers_alone(

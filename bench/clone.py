@@ -10,7 +10,9 @@ share of them) and served by `git daemon` on 127.0.0.1. Each sample first pushes
 (untimed), then times `repository_archive` (the worker's whole clone: git, then the tar copied into a
 sandbox) twice, in alternating order: with the cache off (a clone from the daemon, as before the cache) and
 with it on (the mirror, warm, fetched incrementally from the daemon as the session, then the clone from the
-mirror). Both for the default checkout (one commit deep) and a commit checkout (all history). A third row
+mirror). Both for the default checkout (one commit deep) and a commit checkout (all history). The cache's
+clone of a state is kept, so a next row times one more clone from the cache of the same state (another
+session's: its fetch, then the kept tar read instead of a clone). A further row
 per checkout is a session taking a warm pool sandbox prepared with the repository
 (config.sandbox.pool_repository): the pool's checkout is made from the mirror (untimed: the refill's work,
 before any session asks), and the session's side is timed: its proof of access (ls-remote and the fetch as
@@ -46,7 +48,9 @@ from bench.common.results import pct, publish, pyplot, run, save_figure, say, st
 NOTE = (
     "Each sample pushes one commit, then times the worker's clone (git and the tar for the sandbox) from "
     "`git daemon` on loopback and from the cache (ls-remote and an incremental fetch from the daemon, then a "
-    "clone from the mirror), in alternating order. Loopback makes the network free, so the daemon's clone pays "
+    "clone from the mirror), in alternating order, then once more from the cache (the same state: its fetch, "
+    "then the clone kept from the first read instead of made). Loopback makes the network free, so the "
+    "daemon's clone pays "
     "only what the cache's does too (packing, indexing, checkout); across a real network the daemon's side "
     "would also pay the transfer of the tree, and the cache only that of the new commit. The prepared pool row "
     "times a session keeping a warm pool sandbox's checkout: its fetch as itself, nothing cloned or copied."
@@ -230,16 +234,20 @@ def main() -> int:
             (case, cache): [] for case in cases for cache in (False, True)
         }
         prepared: dict[str, list[float]] = {case: [] for case in cases}
+        again: dict[str, list[float]] = {case: [] for case in cases}
         for n in range(args.samples):
             head = push_one_more(work, served, n)
             for case, checkout in cases.items():
                 order = (False, True) if n % 2 else (True, False)
                 for cache in order:
                     samples[(case, cache)].append(timed(clone(checkout(head), cache=cache)))
+                again[case].append(timed(clone(checkout(head), cache=True)))
                 prepared[case].append(taken_prepared(checkout(head)))
             say(
                 f"sample {n + 1}/{args.samples}: "
                 + ", ".join(f"{'cache' if c else 'daemon'} {s[-1]:,.0f} ms" for (_, c), s in samples.items())
+                + ", cache again "
+                + ", ".join(f"{s[-1]:,.0f} ms" for s in again.values())
                 + ", prepared pool "
                 + ", ".join(f"{s[-1]:,.0f} ms" for s in prepared.values())
             )
@@ -249,6 +257,10 @@ def main() -> int:
             speedup = (pct(network, 0.5) or 0) / (pct(cached, 0.5) or 1)
             rows.append(row(f"{case}: from git daemon", network, p50_speedup=None))
             rows.append(row(f"{case}: from the cache", cached, p50_speedup=f"{speedup:.1f}x"))
+            kept = (pct(network, 0.5) or 0) / (pct(again[case], 0.5) or 1)
+            rows.append(
+                row(f"{case}: from the cache, a state cloned before", again[case], p50_speedup=f"{kept:.1f}x")
+            )
             ready = (pct(network, 0.5) or 0) / (pct(prepared[case], 0.5) or 1)
             rows.append(row(f"{case}: a prepared pool sandbox", prepared[case], p50_speedup=f"{ready:.1f}x"))
         rows.append(row("first fill of the mirror (default checkout)", [first_fill], p50_speedup=None))

@@ -14,6 +14,13 @@ has just shown this session, and the clone, under the same lock, takes from the 
 branches reach (git's pack protocol, not a copy of its object files): nothing another session fetched that
 the remote no longer serves.
 
+A clone is a function of its URL, folder and checkout and of the mirror's state the fetch left (its HEAD and
+the tips the clone copies: sandboxes/repositories.py's `_state`), but for its times. So the first clone of
+each is kept, as the tar the sandbox gets, in the mirror's `workbench-checkouts` folder (the CHECKOUTS_KEPT
+used last), and a later one, once its own fetch under the lock showed the same state, is read from there:
+a clone costs its CPU once per state of the remote, not once per session, and the lock is held for the
+fetch and a read of the file.
+
 One lock per mirror (`<key>.lock` beside it, flock) is held from the fetch to the end of the clone, so two
 workers (or two of one worker's processes) never fill a mirror at once; a new mirror is made under a
 temporary name and renamed, so a worker killed midway leaves none half made. Eviction is least recently
@@ -143,6 +150,42 @@ def mirror_held(url: str, *, wait_s: float) -> Iterator[Path]:
             raise MirrorUnavailable(f"could not make the mirror of {url}: {error}") from error
         yield mirror
     mirrors_evict(keep=key)
+
+
+CHECKOUTS_KEPT = 4  # per mirror, the most recently used
+_CHECKOUTS = "workbench-checkouts"  # a folder inside the bare mirror, which git leaves alone
+
+
+def _checkout_file(mirror: Path, name: str) -> Path:
+    return mirror / _CHECKOUTS / f"{hashlib.sha256(name.encode()).hexdigest()}.tar"
+
+
+def stored_checkout(mirror: Path, name: str) -> bytes | None:
+    """The checkout kept as `name` beside `mirror` (held locked by the caller), marked used; None if none is."""
+    path = _checkout_file(mirror, name)
+    try:
+        archive = path.read_bytes()
+        os.utime(path)
+    except FileNotFoundError:
+        return None
+    return archive
+
+
+def store_checkout(mirror: Path, name: str, archive: bytes) -> None:
+    """Keep `archive` as `name` beside `mirror` (held locked by the caller), written aside and renamed so that
+    none is ever read half written, and drop all but the CHECKOUTS_KEPT used last. A cache that cannot keep
+    it only loses the saving: the failure is logged."""
+    path = _checkout_file(mirror, name)
+    try:
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        made = path.with_suffix(".new")
+        made.write_bytes(archive)
+        made.rename(path)
+        kept = sorted(path.parent.glob("*.tar"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in kept[CHECKOUTS_KEPT:]:
+            old.unlink(missing_ok=True)
+    except OSError as error:
+        logger.warning("repository cache: could not keep a checkout of %s: %s", mirror.name, error)
 
 
 def _size(folder: Path) -> int:

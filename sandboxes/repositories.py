@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import ipaddress
+import json
 import logging
 import posixpath
 import re
@@ -273,17 +274,20 @@ def _switch(git: list[str], target: Path, checkout: dict[str, str], *, env: dict
         )
 
 
-def _clone(repository: dict[str, Any], folder: Path, *, session_id: str) -> Path:
-    """Clone into `folder`/repo, as the repository's checkout says, for session `session_id`: from the
-    workers' mirror of the repository (sandboxes/mirrors.py) when the cache is on, from the network
+def _cloned(repository: dict[str, Any], folder: Path, *, session_id: str) -> bytes:
+    """The clone, as the repository's checkout says, for session `session_id`, as a tar (`_archive`): from
+    the workers' mirror of the repository (sandboxes/mirrors.py) when the cache is on, from the network
     otherwise or if the cache cannot serve. Either way, the remote is asked as the session."""
     if mirrors.cache_enabled():
         try:
             with mirrors.mirror_held(repository["url"], wait_s=CLONE_TIMEOUT_SECONDS) as mirror:
-                return _clone_from_mirror(repository, folder, mirror, session_id=session_id)
+                _refresh_mirror(repository, folder, mirror, session_id=session_id)
+                return _checkout_archive(
+                    repository, folder, mirror, _state(mirror, repository["checkout"] or {})
+                )
         except mirrors.MirrorUnavailable as error:
             logger.warning("cloning %s without the repository cache: %s", repository["url"], error)
-    return _clone_from_network(repository, folder, session_id=session_id)
+    return _archive(_clone_from_network(repository, folder, session_id=session_id), repository["mount_path"])
 
 
 def _clone_from_network(repository: dict[str, Any], folder: Path, *, session_id: str) -> Path:
@@ -306,13 +310,6 @@ def _clone_from_network(repository: dict[str, Any], folder: Path, *, session_id:
     )
     _switch(git, target, checkout, env=env)
     return target
-
-
-def _clone_from_mirror(repository: dict[str, Any], folder: Path, mirror: Path, *, session_id: str) -> Path:
-    """The clone from `mirror` (held locked by the caller), after bringing it up to date from the remote as
-    the session (`_refresh_mirror`, the session's proof of access)."""
-    _refresh_mirror(repository, folder, mirror, session_id=session_id)
-    return _clone_local(repository, folder, mirror)
 
 
 def _refresh_mirror(repository: dict[str, Any], folder: Path, mirror: Path, *, session_id: str) -> None:
@@ -369,6 +366,26 @@ def _clone_local(repository: dict[str, Any], folder: Path, mirror: Path) -> Path
     return target
 
 
+def _checkout_archive(repository: dict[str, Any], folder: Path, mirror: Path, state: str | None) -> bytes:
+    """The clone of `repository` from `mirror` (held locked by the caller), whose `_state` is `state`, as a
+    tar (`_archive`); with no state (the mirror cannot give that checkout) the clone raises git's reason.
+    Two clones of one URL, folder and checkout from one state of the mirror differ in
+    their times alone, so the first is kept beside the mirror (`mirrors.stored_checkout`) and the next ones
+    are read from there: a clone's CPU is spent once per state of the remote, not once per session. Only the
+    caller's lock, after the fetch that proved the session's access, reaches a kept one."""
+    if state is None:
+        return _archive(_clone_local(repository, folder, mirror), repository["mount_path"])
+    name = json.dumps(
+        [repository["url"], repository["mount_path"], repository["checkout"] or {}, state], sort_keys=True
+    )
+    kept = mirrors.stored_checkout(mirror, name)
+    if kept is not None:
+        return kept
+    archive = _archive(_clone_local(repository, folder, mirror), repository["mount_path"])
+    mirrors.store_checkout(mirror, name, archive)
+    return archive
+
+
 def _scrubbed(stderr: str) -> str:
     """git's complaint without the workers' proxy token, should a message ever quote the proxy's URL."""
     token = settings.EGRESS_HARNESS_TOKEN
@@ -397,16 +414,14 @@ def repository_archive(resource: dict[str, Any], *, session_id: str, where: str 
     """Clone one github_repository resource of session `session_id` and return it as a tar relative to the
     workspace."""
     repository = checked_repository(resource, where)
-    mount = repository["mount_path"]
     with tempfile.TemporaryDirectory(prefix="workbench-clone-") as folder:
         try:
-            target = _clone(repository, Path(folder), session_id=session_id)
+            return _cloned(repository, Path(folder), session_id=session_id)
         except RepositoryError as error:
             note = _note(error, session_id, resource.get("id"))
             if note is None:
                 raise
             raise RepositoryError(error.kind, f"{note} (git: {error})") from None
-        return _archive(target, mount)
 
 
 def _archive(target: Path, mount: str) -> bytes:
@@ -535,7 +550,7 @@ def prepare_checkout(provider: Any, handle: str, pool_repository: dict[str, Any]
             state = _state(mirror, checkout)
             if state is None:
                 return None
-            archive = _archive(_clone_local(repository, Path(folder), mirror), repository["mount_path"])
+            archive = _checkout_archive(repository, Path(folder), mirror, state)
     except (mirrors.MirrorUnavailable, RepositoryError, OSError, tarfile.TarError) as error:
         logger.warning(
             "warm pool: could not prepare %s from the repository cache: %s", repository["url"], error

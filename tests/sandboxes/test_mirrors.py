@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from sandboxes import mirrors
+from sandboxes import mirrors, repositories
 from sandboxes.repositories import checkout_repositories, repository_archive
 from tests.git_server import GitServer, git_http_server, make_repository, push_commit
 from tests.sandboxes.test_repositories import (
@@ -143,6 +143,42 @@ def test_each_clone_brings_the_mirror_up_to_date_from_the_remote(public, tmp_pat
     assert _git(mirrors.mirror_path(url), "branch", "--list") == "* main"
 
 
+def test_a_state_cloned_once_is_read_from_the_cache_and_a_new_one_is_cloned(public, tmp_path, monkeypatch):
+    """The first clone of a URL, folder and checkout is kept beside the mirror; the next whose fetch shows the
+    same state is that file, byte for byte, and no clone is made; another folder, another checkout, or the
+    remote moving on is cloned anew; only the CHECKOUTS_KEPT used last stay."""
+    server, head = public
+    url = server.url("repo.git")
+    kept = mirrors.mirror_path(url) / "workbench-checkouts"
+    first = repository_archive(resource(url), session_id=SESSION)
+    assert [path.read_bytes() for path in kept.glob("*.tar")] == [first]
+
+    made: list[Any] = []
+    clone_local = repositories._clone_local
+    monkeypatch.setattr(repositories, "_clone_local", lambda *args: made.append(args) or clone_local(*args))
+    assert repository_archive(resource(url), session_id=OTHER_SESSION) == first
+    assert made == [], "a state already cloned was cloned again"
+
+    elsewhere = members(repository_archive(resource(url, mount_path="/workspace/else"), session_id=SESSION))
+    feature = {"type": "branch", "name": "feature"}
+    branch = members(repository_archive(resource(url, checkout=feature), session_id=SESSION))
+    assert elsewhere["else/README.md"] == README and branch["app/feature.txt"] == b"on the branch\n"
+    assert len(made) == 2
+
+    later = push_commit(tmp_path / "public" / "repo.git", "later.txt", "pushed after the first clone\n")
+    moved = repository_archive(resource(url), session_id=SESSION)
+    assert members(moved)["app/later.txt"] == b"pushed after the first clone\n"
+    assert len(made) == 3
+    assert later != head and len(list(kept.glob("*.tar"))) == 4
+
+    monkeypatch.setattr(mirrors, "CHECKOUTS_KEPT", 2)
+    commit = {"type": "commit", "sha": head}
+    repository_archive(resource(url, checkout=commit), session_id=SESSION)
+    assert len(list(kept.glob("*.tar"))) == 2
+    assert repository_archive(resource(url), session_id=SESSION) == moved, "the one used last but one went"
+    assert len(made) == 4
+
+
 def test_a_mirror_filled_for_one_session_gives_nothing_to_a_session_the_remote_refuses(private, cache):
     """Session A clones the private repository through the door with its token: the mirror holds it, and
     neither the mirror's config nor any process holds the token. Session B, whose door has no token for it
@@ -157,6 +193,7 @@ def test_a_mirror_filled_for_one_session_gives_nothing_to_a_session_the_remote_r
     config = (mirror / "config").read_text()
     assert TOKEN not in config and "proxy" not in config and url not in config
     assert not seen.holding(TOKEN)
+    assert list((mirror / "workbench-checkouts").glob("*.tar")), "A's clone was not kept for the next"
 
     asked = len(private.requests)
     wrong = "ghs_not_the_token"

@@ -35,6 +35,8 @@ from sessions.services import StaleEpoch, emit_events
 
 logger = logging.getLogger(__name__)
 
+AHEAD_WATCH_SECONDS = 0.05  # how often a brain waiting for its provisioning ahead reads the log for new work
+
 
 class Outcome(StrEnum):
     """How a wake ended, as logs and Celery results read it."""
@@ -57,7 +59,8 @@ def run_brain(
 
     Parking and recovery are steps the harness chooses (`harness_for`, `ToolUseHarness.next_step`). Work that
     arrived while the lease was held found it busy; once it is free the log is read again, and if it shows
-    work the lease is taken again, `rounds` times in all at most. With `only`, the steps of those types
+    work the lease is taken again, `rounds` times in all at most; while a provisioning ahead still runs, the
+    brain keeps the lease and takes new work at once (`Brain.work_while_hands_start`). With `only`, the steps of those types
     alone are taken: the first of another type ends the run, and the lease is released for a brain worker."""
     taken = _take_lease(session_id)
     if taken is None:
@@ -70,7 +73,11 @@ def run_brain(
                 return Outcome.PARKED
             with Brain(lease, log, woken_by=by) as brain:  # the process's watcher renews its lease meanwhile
                 harness = harness_for(brain)
-                while (step := harness.next_step(brain.state, brain)) is not None:
+                while (step := harness.next_step(brain.state, brain)) is not None or (
+                    only is None and brain.work_while_hands_start()
+                ):
+                    if step is None:
+                        continue  # work came while the provisioning ahead ran: the harness reads it
                     if only is not None and not isinstance(step, only):
                         break
                     # A Cancelled step leaves the interrupt in the log; the harness handles it next.
@@ -164,6 +171,19 @@ class Brain:
         """Before a sandbox is used, provisioned or released: the provisioning ahead, if any, has ended."""
         if self._ahead is not None:
             self._ahead.wait()
+
+    def work_while_hands_start(self) -> bool:
+        """Once the harness has nothing to do: wait for the provisioning ahead, if any is still running, while
+        reading the log for new work (a user's next message); True as soon as some came, so the brain takes it
+        with the provisioning still going beside it; False once the provisioning ended (or the lease is lost)
+        with none."""
+        ahead = self._ahead
+        while ahead is not None and ahead.running() and not self.lost.is_set():
+            ahead.wait(timeout=AHEAD_WATCH_SECONDS)
+            self.refresh()
+            if pending(self.state):
+                return True
+        return False
 
     # -- writing
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
 import pytest
 from django.conf import settings
+from django.db import connections
 from django.test import override_settings
 
 from harness import model
@@ -476,6 +478,56 @@ def test_a_repository_is_cloned_while_the_first_model_call_thinks(brains, tmp_pa
     assert provisioned.payload["sandbox_id"] == hand.id and not hand.labels["speculative"]
     with override_settings(SPECULATIVE_IDLE_SECONDS=0):
         assert reap_idle() == []
+
+
+def test_a_message_sent_while_the_sandbox_is_still_provisioned_ahead_is_answered_beside_it(brains, tmp_path):
+    """A first turn that calls no tool ends before its provisioning ahead does; a second message sent then is
+    taken by the same brain at once: its model request goes out while the repository is still cloning (as
+    the first one did), not after, and its first tool result still finds the repository."""
+    make_repository(tmp_path / "served" / "origin.git", {"README.md": "hello from the repository\n"})
+    slow_s = 0.5
+    with (
+        git_http_server(tmp_path / "served", delay_s=slow_s) as server,
+        override_settings(REPOSITORY_PLAIN_HOSTS=["127.0.0.1"]),
+    ):
+        session_id = session_with_repository(server)
+        session_send_events(
+            session_id, events=[{"type": "user.message", "content": [{"type": "text", "text": "just talk"}]}]
+        )
+        outcome: list[str] = []
+
+        def work() -> None:
+            try:
+                outcome.append(run_brain(session_id))
+            finally:
+                connections.close_all()
+
+        brain = threading.Thread(target=work)
+        brain.start()
+        deadline = time.monotonic() + 60
+        while not any(e.type == "session.status_idle" for e in get_events(session_id)):
+            assert time.monotonic() < deadline, "the first turn did not end"
+            time.sleep(0.01)
+        second = len(get_events(session_id))
+        session_send_events(
+            session_id,
+            events=[
+                {"type": "user.message", "content": [{"type": "text", "text": "/bash cat app/README.md"}]}
+            ],
+        )
+        brain.join(timeout=120)
+    assert outcome == ["idle"]
+    events = get_events(session_id)
+    later = events[second:]
+    assert results(later) == [("hello from the repository", False)]
+    [message] = [e for e in later if e.type == "user.message"]
+    request = next(e for e in later if e.type == "span.model_request_start")
+    [provisioned] = [e for e in events if e.type == "sandbox.provisioned"]
+    cloned_by = provisioned.processed_at.timestamp() + len(server.requests) * slow_s  # the clone ended after
+    assert request.processed_at.timestamp() < cloned_by, (
+        "the second turn's model request waited for the provisioning ahead to end"
+    )
+    assert (request.processed_at - message.processed_at).total_seconds() < 1.0
 
 
 def test_a_sandbox_provisioned_ahead_that_no_call_uses_is_reaped_after_the_idle_timeout(

@@ -28,7 +28,7 @@ from sandboxes.providers import (
     ToolInputError,
 )
 from sandboxes.provisioning import provider_name, provider_of, resources_for, session_env
-from sandboxes.repositories import checkout_repositories
+from sandboxes.repositories import ClonesAhead, checkout_repositories
 from sessions import events
 from sessions.models import Session
 from sessions.services import SessionNotFound, emit_event
@@ -167,8 +167,11 @@ def sandbox_provision(
     if sandbox.labels.get("from_pool") and sandbox.labels.get("prepared"):
         _take_prepared(sandbox, session, emit)
         return sandbox
+    ahead = None
     if sandbox.status == Sandbox.Status.PROVISIONING:
         provider = provider_of(sandbox)
+        if session.resources:  # cloned while the sandbox starts
+            ahead = ClonesAhead(session.resources, session_id=session.id)
         try:
             handle = provider.provision(resources_for(session.environment, sandbox))
         except SandboxError as error:
@@ -193,7 +196,7 @@ def sandbox_provision(
     )
     if session.resources:
         checkout_repositories(
-            provider_of(sandbox), sandbox.handle, session.resources, emit, session_id=session.id
+            provider_of(sandbox), sandbox.handle, session.resources, emit, session_id=session.id, ahead=ahead
         )
     return sandbox
 

@@ -28,6 +28,7 @@ import subprocess
 import tarfile
 import tempfile
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -432,6 +433,27 @@ def _archive(target: Path, mount: str) -> bytes:
     return buffer.getvalue()
 
 
+class ClonesAhead:
+    """A session's repositories cloned (`repository_archive`, one after another) in a thread of their own while
+    its sandbox starts: `checkout_repositories` takes each from here, or the error its clone raised, as if it
+    had cloned it then. The clone asks no database; a clone whose sandbox never started is dropped."""
+
+    def __init__(self, resources: list[dict[str, Any]], *, session_id: str) -> None:
+        self._clones: dict[int, Future[bytes]] = {}
+        clones = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"clones-{session_id}")
+        for i, resource in enumerate(resources):
+            if isinstance(resource, dict) and resource.get("type") == "github_repository":
+                self._clones[i] = clones.submit(
+                    repository_archive, resource, session_id=session_id, where=f"resources[{i}]"
+                )
+        clones.shutdown(wait=False)  # its thread ends after the last clone
+
+    def archive(self, i: int) -> bytes | None:
+        """Resource `i`'s clone (waiting for it), or what its clone raised; None if none was started."""
+        clone = self._clones.get(i)
+        return None if clone is None else clone.result()
+
+
 def checkout_repositories(
     provider: Any,
     handle: str,
@@ -440,12 +462,13 @@ def checkout_repositories(
     *,
     session_id: str,
     prepared: dict[str, Any] | None = None,
+    ahead: ClonesAhead | None = None,
 ) -> bool:
     """Put each github_repository resource of session `session_id` into the sandbox; one that cannot be
     (whatever is wrong with it, the stored resource included) is a session.error, and the next still gets
     its turn. `prepared`: the checkout a warm pool sandbox came with (`prepare_checkout`), which stands for
-    the resource it matches only once the session proved its access; otherwise it is removed first.
-    Returns whether it stood."""
+    the resource it matches only once the session proved its access; otherwise it is removed first. `ahead`:
+    the clones started while the sandbox did. Returns whether it stood."""
     standing = _prepared_resource(resources, prepared, session_id=session_id) if prepared else None
     if prepared and standing is None:
         _remove_prepared(provider, handle, prepared)
@@ -453,9 +476,10 @@ def checkout_repositories(
         if i == standing or not isinstance(resource, dict) or resource.get("type") != "github_repository":
             continue
         try:
-            provider.copy_in(
-                handle, repository_archive(resource, session_id=session_id, where=f"resources[{i}]")
-            )
+            archive = ahead.archive(i) if ahead is not None else None
+            if archive is None:
+                archive = repository_archive(resource, session_id=session_id, where=f"resources[{i}]")
+            provider.copy_in(handle, archive)
             continue
         except Invalid as error:
             kind, reason = "repository_clone_error", error.message

@@ -19,6 +19,7 @@ from harness.services.lifecycle import session_archive, session_create, session_
 from sandboxes.hands import held
 from sandboxes.models import Sandbox
 from sandboxes.pool import pool_refill
+from sandboxes.providers.docker import DockerProvider
 from sandboxes.reaper import reap_idle, reap_orphans
 from sessions.selectors import get_events
 from tests.conftest import ROOT, child_env, make_agent, make_environment
@@ -478,6 +479,33 @@ def test_a_repository_is_cloned_while_the_first_model_call_thinks(brains, tmp_pa
     assert provisioned.payload["sandbox_id"] == hand.id and not hand.labels["speculative"]
     with override_settings(SPECULATIVE_IDLE_SECONDS=0):
         assert reap_idle() == []
+
+
+def test_the_repositories_are_cloned_while_the_sandbox_starts(brains, tmp_path, monkeypatch):
+    """The container's start does not wait for the clone, nor the clone for the container: the repository
+    server is asked before the provider has started the container (the provider here waits for that), and
+    the repository is in the sandbox all the same."""
+    make_repository(tmp_path / "served" / "origin.git", {"README.md": "hello from the repository\n"})
+    waited: list[bool] = []
+    start = DockerProvider.provision
+
+    with (
+        git_http_server(tmp_path / "served") as server,
+        override_settings(REPOSITORY_PLAIN_HOSTS=["127.0.0.1"], SPECULATIVE_PROVISIONING="never"),
+    ):
+
+        def provision_once_asked(self, resources):  # type: ignore[no-untyped-def]
+            deadline = time.monotonic() + 30
+            while not server.requests and time.monotonic() < deadline:
+                time.sleep(0.01)
+            waited.append(bool(server.requests))
+            return start(self, resources)
+
+        monkeypatch.setattr(DockerProvider, "provision", provision_once_asked)
+        session_id = session_with_repository(server)
+        events = turn(session_id, "/bash cat app/README.md")
+    assert waited == [True], "the clone did not begin before the container was started"
+    assert results(events) == [("hello from the repository", False)]
 
 
 def test_a_message_sent_while_the_sandbox_is_still_provisioned_ahead_is_answered_beside_it(brains, tmp_path):

@@ -60,8 +60,9 @@ def run_brain(
     Parking and recovery are steps the harness chooses (`harness_for`, `ToolUseHarness.next_step`). Work that
     arrived while the lease was held found it busy; once it is free the log is read again, and if it shows
     work the lease is taken again, `rounds` times in all at most; while a provisioning ahead still runs, the
-    brain keeps the lease and takes new work at once (`Brain.work_while_hands_start`). With `only`, the steps of those types
-    alone are taken: the first of another type ends the run, and the lease is released for a brain worker."""
+    brain keeps the lease and takes new work at once (`Brain.work_while_hands_start`). With `only`, the steps
+    of those types alone are taken: the first of another type ends the run, and the lease is released for a
+    brain worker."""
     taken = _take_lease(session_id)
     if taken is None:
         return Outcome.BUSY

@@ -10,11 +10,12 @@ is prepared with (repositories, files); "always" with the toolset alone; "never"
 The thread provisions as the brain, under its lease: the row carries the brain's epoch and the events are
 appended with it, so they are refused once the lease is lost. The brain waits for the thread before any
 tool of the toolset or the hands runs, and before it releases the lease: no other brain of the session
-ever finds the provisioning in flight. A turn that ends before the thread does (the model answered without
-a tool) keeps the lease while it runs, watching the log: a user's next message is taken at once by the same
-brain, its model request going out beside the provisioning as the first one did, instead of after it. A brain that dies meanwhile leaves what a brain dying in a lazy
-provisioning leaves: a row the next brain gives up (an older epoch's), or a sandbox it uses. One that no
-tool call ever uses is reaped when idle (sandboxes/reaper.py, SPECULATIVE_IDLE_SECONDS).
+ever finds the provisioning in flight. A turn that ends before the thread does (the model answered without a
+tool) keeps the lease while it runs, watching the log: a user's next message is taken at once by the same
+brain, its model request going out beside the provisioning as the first one did, instead of after it. A brain
+that dies meanwhile leaves what a brain dying in a lazy provisioning leaves: a row the next brain gives up (an
+older epoch's), or a sandbox it uses. One that no tool call ever uses is reaped when idle
+(sandboxes/reaper.py, SPECULATIVE_IDLE_SECONDS).
 """
 
 from __future__ import annotations

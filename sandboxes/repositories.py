@@ -370,20 +370,18 @@ def _clone_local(repository: dict[str, Any], folder: Path, mirror: Path) -> Path
 def _checkout_archive(repository: dict[str, Any], folder: Path, mirror: Path, state: str | None) -> bytes:
     """The clone of `repository` from `mirror` (held locked by the caller), whose `_state` is `state`, as a
     tar (`_archive`); with no state (the mirror cannot give that checkout) the clone raises git's reason.
-    Two clones of one URL, folder and checkout from one state of the mirror differ in
-    their times alone, so the first is kept beside the mirror (`mirrors.stored_checkout`) and the next ones
-    are read from there: a clone's CPU is spent once per state of the remote, not once per session. Only the
-    caller's lock, after the fetch that proved the session's access, reaches a kept one."""
-    if state is None:
-        return _archive(_clone_local(repository, folder, mirror), repository["mount_path"])
-    name = json.dumps(
+    Two clones of one URL, folder and checkout from one state of the mirror differ in their times alone, so
+    the first is kept beside the mirror (`mirrors.stored_checkout`) and the next ones are read from there: a
+    clone's CPU is spent once per state of the remote, not once per session. Only the caller's lock, after
+    the fetch that proved the session's access, reaches a kept one."""
+    name = state and json.dumps(
         [repository["url"], repository["mount_path"], repository["checkout"] or {}, state], sort_keys=True
     )
-    kept = mirrors.stored_checkout(mirror, name)
-    if kept is not None:
+    if name and (kept := mirrors.stored_checkout(mirror, name)) is not None:
         return kept
     archive = _archive(_clone_local(repository, folder, mirror), repository["mount_path"])
-    mirrors.store_checkout(mirror, name, archive)
+    if name:
+        mirrors.store_checkout(mirror, name, archive)
     return archive
 
 

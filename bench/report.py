@@ -299,7 +299,14 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
             "for what of the sandbox and the clone is not done by then; the exchange runs from the first POST to the "
             "second turn's idle; "
             f"{rows[2]['pooled_first_sandboxes']} of {rows[2]['n']} decoupled+pool sessions took their sandbox from "
-            f"the pool, {rows[2].get('prepared_checkouts_kept', '–')} of them with the repository checked out and kept.",
+            f"the pool, {rows[2].get('prepared_checkouts_kept', '–')} of them with the repository checked out and kept"
+            + (
+                "; sandboxes started from an image holding the checkout (coupled / decoupled / not ahead): "
+                + " / ".join(f"{rows[i].get('checkout_images')} of {rows[i]['n']}" for i in (0, 1, 3))
+                + "."
+                if len(rows) > 3 and rows[0].get("checkout_images") is not None
+                else "."
+            ),
             "",
         ]
     out += [

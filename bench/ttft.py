@@ -180,6 +180,7 @@ class Sample:
     clone_ms: float | None = None  # coupled: sandbox.provisioned -> span.model_request_start
     pooled: bool | None = None  # the sandbox came from the warm pool
     prepared_kept: bool = False  # ... with the repository checked out, and the session kept that checkout
+    checkout_image: bool = False  # the sandbox started from an image holding the repository's checkout
     recovered: int = 0  # brain.recovered events: a lease lapsed and the sweeper woke another brain
     errors: list[str] = field(default_factory=list)
 
@@ -786,12 +787,15 @@ def read_log(sample: Sample, posted_wall: float) -> None:
             sample.recovered += 1
         if kind == "sandbox.provisioned" and sample.pooled is None:
             sample.pooled = bool(payload.get("pooled"))
-    if sample.pooled:
-        from sandboxes.models import Sandbox
+    from sandboxes.models import Sandbox
 
+    if sample.pooled:
         sample.prepared_kept = Sandbox.objects.filter(
             session_id=sample.session_id, labels__prepared__kept=True
         ).exists()
+    sample.checkout_image = Sandbox.objects.filter(
+        session_id=sample.session_id, labels__checkout_image=True
+    ).exists()
     if "user.message" in first:
         sample.logged_ms = (first["user.message"] - posted_wall) * 1000
     if "session.status_running" in first:
@@ -924,6 +928,7 @@ def summarise(samples: list[Sample], plan: Plan) -> list[dict[str, Any]]:
                 "exchange_p95_ms": pct(exchanges, 0.95),
                 "pooled_first_sandboxes": sum(1 for x in ok if x.pooled),
                 "prepared_checkouts_kept": sum(1 for x in ok if x.prepared_kept),
+                "checkout_images": sum(1 for x in ok if x.checkout_image),
                 "recovered_sessions": sum(1 for x in ok if x.recovered),
             }
         )

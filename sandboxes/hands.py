@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -22,6 +23,8 @@ from kernel.tenancy import audit, check_same
 from sandboxes.models import Environment, Sandbox
 from sandboxes.pool import leave_pool, pool_take
 from sandboxes.providers import (
+    Provider,
+    Resources,
     SandboxError,
     SandboxGone,
     ToolFailed,
@@ -173,14 +176,16 @@ def sandbox_provision(
         if session.resources:  # cloned while the sandbox starts
             ahead = ClonesAhead(session.resources, session_id=session.id)
         try:
-            handle = provider.provision(resources_for(session.environment, sandbox))
+            handle = _started(provider, resources_for(session.environment, sandbox), ahead)
         except SandboxError as error:
             Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.DEAD)
             emit(events.sandbox_failed(name, str(error)))
             raise
+        if ahead is not None and ahead.in_image is not None:  # for the operator (and bench/ttft)
+            sandbox.labels = {**sandbox.labels, "checkout_image": True}
         # Only if no one gave the row up meanwhile (a newer brain of the session, the reaper's grace).
         if not Sandbox.objects.filter(id=sandbox.id, status=Sandbox.Status.PROVISIONING).update(
-            handle=handle, status=Sandbox.Status.READY
+            handle=handle, status=Sandbox.Status.READY, labels=sandbox.labels
         ):
             with suppress(SandboxError):
                 provider.terminate(handle)
@@ -199,6 +204,19 @@ def sandbox_provision(
             provider_of(sandbox), sandbox.handle, session.resources, emit, session_id=session.id, ahead=ahead
         )
     return sandbox
+
+
+def _started(provider: Provider, resources: Resources, ahead: ClonesAhead | None) -> str:
+    """Start the sandbox: from the image that holds its first repository's checkout when `ahead` finds one
+    (sandboxes/repositories.py), else (or should that image be gone meanwhile) from its own."""
+    image = ahead.sandbox_image(provider, resources.image) if ahead is not None else resources.image
+    if ahead is not None and image != resources.image:
+        try:
+            return provider.provision(replace(resources, image=image))
+        except SandboxError as error:
+            logger.warning("starting a sandbox from its own image, not its checkout image: %s", error)
+            ahead.in_image = None
+    return provider.provision(resources)
 
 
 def _take_prepared(sandbox: Sandbox, session: Session, emit: Emit) -> None:

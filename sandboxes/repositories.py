@@ -27,8 +27,11 @@ import shlex
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -39,7 +42,7 @@ from kernel.api.validation import expect, no_unknown_fields, text
 from kernel.egress import harness_proxied, harness_proxy_url
 from kernel.errors import Invalid
 from sandboxes import mirrors
-from sandboxes.providers import SandboxError, ToolFailed, ToolInputError
+from sandboxes.providers import SandboxError, ToolFailed, ToolInputError, get_provider
 from sessions import events
 
 logger = logging.getLogger(__name__)
@@ -275,20 +278,56 @@ def _switch(git: list[str], target: Path, checkout: dict[str, str], *, env: dict
         )
 
 
-def _cloned(repository: dict[str, Any], folder: Path, *, session_id: str) -> bytes:
-    """The clone, as the repository's checkout says, for session `session_id`, as a tar (`_archive`): from
-    the workers' mirror of the repository (sandboxes/mirrors.py) when the cache is on, from the network
-    otherwise or if the cache cannot serve. Either way, the remote is asked as the session."""
+@dataclass(frozen=True)
+class Clone:
+    """A repository's clone as the sandbox gets it: `archive` (`_archive`); when it came from the repository
+    cache, the `name` of what it is (`_checkout_archive`), and whether it was `kept` (read, not cloned)."""
+
+    archive: bytes
+    name: str | None = None
+    kept: bool = False
+
+
+def _cloned(
+    repository: dict[str, Any],
+    folder: Path,
+    *,
+    session_id: str,
+    on_state: Callable[[str | None], None] | None,
+) -> Clone:
+    """The clone, as the repository's checkout says, for session `session_id`: from the workers' mirror of
+    the repository (sandboxes/mirrors.py) when the cache is on, from the network otherwise or if the cache
+    cannot serve. Either way, the remote is asked as the session. `on_state` is told, once the session's own
+    fetch brought the mirror up to date, the name the clone will have (None if the mirror cannot give it)."""
     if mirrors.cache_enabled():
         try:
             with mirrors.mirror_held(repository["url"], wait_s=CLONE_TIMEOUT_SECONDS) as mirror:
                 _refresh_mirror(repository, folder, mirror, session_id=session_id)
-                return _checkout_archive(
-                    repository, folder, mirror, _state(mirror, repository["checkout"] or {})
-                )
+                state = _state(mirror, repository["checkout"] or {})
+                name = state and _name(repository, state)
+                if on_state is not None:
+                    on_state(name)
+                return _checkout_archive(repository, folder, mirror, name)
         except mirrors.MirrorUnavailable as error:
             logger.warning("cloning %s without the repository cache: %s", repository["url"], error)
-    return _archive(_clone_from_network(repository, folder, session_id=session_id), repository["mount_path"])
+    return Clone(
+        _archive(_clone_from_network(repository, folder, session_id=session_id), repository["mount_path"])
+    )
+
+
+def _family(repository: dict[str, Any]) -> str:
+    """What a clone is of, whatever the remote's state: the URL (as spelled: the clone's origin), the folder
+    and the checkout."""
+    return json.dumps(
+        [repository["url"], repository["mount_path"], repository["checkout"] or {}], sort_keys=True
+    )
+
+
+def _name(repository: dict[str, Any], state: str) -> str:
+    """What a clone is: its `_family` and the mirror's `_state` it is made from."""
+    return json.dumps(
+        [repository["url"], repository["mount_path"], repository["checkout"] or {}, state], sort_keys=True
+    )
 
 
 def _clone_from_network(repository: dict[str, Any], folder: Path, *, session_id: str) -> Path:
@@ -367,22 +406,19 @@ def _clone_local(repository: dict[str, Any], folder: Path, mirror: Path) -> Path
     return target
 
 
-def _checkout_archive(repository: dict[str, Any], folder: Path, mirror: Path, state: str | None) -> bytes:
-    """The clone of `repository` from `mirror` (held locked by the caller), whose `_state` is `state`, as a
-    tar (`_archive`); with no state (the mirror cannot give that checkout) the clone raises git's reason.
+def _checkout_archive(repository: dict[str, Any], folder: Path, mirror: Path, name: str | None) -> Clone:
+    """The clone of `repository` from `mirror` (held locked by the caller), named for the mirror's `_state`
+    (`name`); with no name (the mirror cannot give that checkout) the clone raises git's reason.
     Two clones of one URL, folder and checkout from one state of the mirror differ in their times alone, so
     the first is kept beside the mirror (`mirrors.stored_checkout`) and the next ones are read from there: a
     clone's CPU is spent once per state of the remote, not once per session. Only the caller's lock, after
     the fetch that proved the session's access, reaches a kept one."""
-    name = state and json.dumps(
-        [repository["url"], repository["mount_path"], repository["checkout"] or {}, state], sort_keys=True
-    )
     if name and (kept := mirrors.stored_checkout(mirror, name)) is not None:
-        return kept
+        return Clone(kept, name, kept=True)
     archive = _archive(_clone_local(repository, folder, mirror), repository["mount_path"])
     if name:
         mirrors.store_checkout(mirror, name, archive)
-    return archive
+    return Clone(archive, name)
 
 
 def _scrubbed(stderr: str) -> str:
@@ -412,10 +448,21 @@ def _run(command: list[str], *, env: dict[str, str], checking_out: bool) -> str:
 def repository_archive(resource: dict[str, Any], *, session_id: str, where: str = "resource") -> bytes:
     """Clone one github_repository resource of session `session_id` and return it as a tar relative to the
     workspace."""
+    return repository_clone(resource, session_id=session_id, where=where).archive
+
+
+def repository_clone(
+    resource: dict[str, Any],
+    *,
+    session_id: str,
+    where: str = "resource",
+    on_state: Callable[[str | None], None] | None = None,
+) -> Clone:
+    """`repository_archive`, with what the cache knows of the clone (`_cloned`)."""
     repository = checked_repository(resource, where)
     with tempfile.TemporaryDirectory(prefix="workbench-clone-") as folder:
         try:
-            return _cloned(repository, Path(folder), session_id=session_id)
+            return _cloned(repository, Path(folder), session_id=session_id, on_state=on_state)
         except RepositoryError as error:
             note = _note(error, session_id, resource.get("id"))
             if note is None:
@@ -431,25 +478,132 @@ def _archive(target: Path, mount: str) -> bytes:
     return buffer.getvalue()
 
 
+IMAGE_WAIT_SECONDS = (
+    5.0  # how long a new sandbox's start may wait for the fetch that names its checkout image
+)
+
+
 class ClonesAhead:
-    """A session's repositories cloned (`repository_archive`, one after another) in a thread of their own while
+    """A session's repositories cloned (`repository_clone`, one after another) in a thread of their own while
     its sandbox starts: `checkout_repositories` takes each from here, or the error its clone raised, as if it
-    had cloned it then. The clone asks no database; a clone whose sandbox never started is dropped."""
+    had cloned it then. The clone asks no database; a clone whose sandbox never started is dropped.
+
+    On a provider that keeps checkout images (the docker provider's `make_checkout_image`), the sandbox may
+    start from an image that already holds the first repository's checkout (`sandbox_image`): the one made
+    for the very clone this session's own fetch just named, so the rule of the cache holds (the bytes are
+    saved, never the proof: a session the remote refuses names none). An image is made, in the background,
+    for a clone read from the cache: the second session of a state of the remote pays the copy, and the later
+    ones start with the checkout in place."""
 
     def __init__(self, resources: list[dict[str, Any]], *, session_id: str) -> None:
-        self._clones: dict[int, Future[bytes]] = {}
+        self._clones: dict[int, Future[Clone]] = {}
+        self._first: int | None = None  # the repository a checkout image may hold
+        self._family: str | None = None
+        self._named = threading.Event()
+        self._name: str | None = None
+        self._base: str | None = None
+        self.in_image: int | None = None  # the resource the sandbox's image holds already
         clones = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"clones-{session_id}")
         for i, resource in enumerate(resources):
             if isinstance(resource, dict) and resource.get("type") == "github_repository":
-                self._clones[i] = clones.submit(
-                    repository_archive, resource, session_id=session_id, where=f"resources[{i}]"
-                )
+                if self._first is None:
+                    self._first = i
+                    with suppress(Invalid):  # its clone raises it, as the session's error
+                        self._family = _family(checked_repository(resource, f"resources[{i}]"))
+                self._clones[i] = clones.submit(self._clone, i, resource, session_id)
         clones.shutdown(wait=False)  # its thread ends after the last clone
+        if self._first is None:
+            self._named.set()
 
-    def archive(self, i: int) -> bytes | None:
+    def _clone(self, i: int, resource: dict[str, Any], session_id: str) -> Clone:
+        first = i == self._first
+        try:
+            return repository_clone(
+                resource,
+                session_id=session_id,
+                where=f"resources[{i}]",
+                on_state=self._named_as if first else None,
+            )
+        finally:
+            if first:
+                self._named.set()
+
+    def _named_as(self, name: str | None) -> None:
+        self._name = name
+        self._named.set()
+
+    def clone(self, i: int) -> Clone | None:
         """Resource `i`'s clone (waiting for it), or what its clone raised; None if none was started."""
         clone = self._clones.get(i)
         return None if clone is None else clone.result()
+
+    def sandbox_image(self, provider: Any, base: str) -> str:
+        """The image the session's sandbox should start from: `base`, or the provider's checkout image of the
+        first repository made from `base` for the clone this session's fetch names. Waits for that fetch (up
+        to IMAGE_WAIT_SECONDS) only if the provider holds an image of that repository at all."""
+        self._base = base
+        if self._family is None or "checkout_image" not in provider.capabilities:
+            return base
+        try:
+            if not provider.has_checkout_images(self._family):
+                return base
+            if not self._named.wait(IMAGE_WAIT_SECONDS) or self._name is None:
+                return base
+            image = provider.checkout_image(base, self._name)
+        except SandboxError as error:
+            logger.warning("starting a sandbox without its checkout image: %s", error)
+            return base
+        if image is None:
+            return base
+        self.in_image = self._first
+        return str(image)
+
+    def copied(self, provider: Any, i: int, clone: Clone) -> None:
+        """Resource `i`'s clone was copied into the sandbox: if it was read from the cache, have an image made
+        with it, for the next sandboxes (`sandbox_image`)."""
+        if (
+            i == self._first
+            and clone.kept
+            and clone.name
+            and self._family
+            and self._base
+            and "checkout_image" in provider.capabilities
+        ):
+            _make_image(provider.name, self._base, clone.name, self._family, clone.archive)
+
+
+_images = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkout-images")
+_making: dict[tuple[str, str, str], Future[None]] = {}
+_making_lock = threading.Lock()
+
+
+def _make_image(provider_name: str, base: str, name: str, family: str, archive: bytes) -> None:
+    """Have the provider make checkout image `name` in the background, one at a time, once per process."""
+    key = (provider_name, base, name)
+    with _making_lock:
+        if key in _making:
+            return
+        _making[key] = _images.submit(_made_image, key, family, archive)
+
+
+def _made_image(key: tuple[str, str, str], family: str, archive: bytes) -> None:
+    provider_name, base, name = key
+    try:
+        provider: Any = get_provider(provider_name)  # the docker provider: the one with "checkout_image"
+        provider.make_checkout_image(base, name, family, archive)
+    except SandboxError as error:
+        logger.warning("could not make a checkout image: %s", error)
+    finally:
+        with _making_lock:
+            _making.pop(key, None)
+
+
+def checkout_images_made(timeout: float) -> bool:
+    """Wait until the checkout images this process was making are made; whether they are (for the tests and
+    the benchmarks, which then start sandboxes from them)."""
+    with _making_lock:
+        pending = list(_making.values())
+    return not wait(pending, timeout=timeout).not_done if pending else True
 
 
 def checkout_repositories(
@@ -466,18 +620,22 @@ def checkout_repositories(
     (whatever is wrong with it, the stored resource included) is a session.error, and the next still gets
     its turn. `prepared`: the checkout a warm pool sandbox came with (`prepare_checkout`), which stands for
     the resource it matches only once the session proved its access; otherwise it is removed first. `ahead`:
-    the clones started while the sandbox did. Returns whether it stood."""
+    the clones started while the sandbox did (and what its image holds already). Returns whether it stood."""
     standing = _prepared_resource(resources, prepared, session_id=session_id) if prepared else None
     if prepared and standing is None:
         _remove_prepared(provider, handle, prepared)
     for i, resource in enumerate(resources):
         if i == standing or not isinstance(resource, dict) or resource.get("type") != "github_repository":
             continue
+        if ahead is not None and i == ahead.in_image:
+            continue
         try:
-            archive = ahead.archive(i) if ahead is not None else None
-            if archive is None:
-                archive = repository_archive(resource, session_id=session_id, where=f"resources[{i}]")
-            provider.copy_in(handle, archive)
+            clone = ahead.clone(i) if ahead is not None else None
+            if clone is None:
+                clone = repository_clone(resource, session_id=session_id, where=f"resources[{i}]")
+            provider.copy_in(handle, clone.archive)
+            if ahead is not None:
+                ahead.copied(provider, i, clone)
             continue
         except Invalid as error:
             kind, reason = "repository_clone_error", error.message
@@ -572,7 +730,7 @@ def prepare_checkout(provider: Any, handle: str, pool_repository: dict[str, Any]
             state = _state(mirror, checkout)
             if state is None:
                 return None
-            archive = _checkout_archive(repository, Path(folder), mirror, state)
+            archive = _checkout_archive(repository, Path(folder), mirror, _name(repository, state)).archive
     except (mirrors.MirrorUnavailable, RepositoryError, OSError, tarfile.TarError) as error:
         logger.warning(
             "warm pool: could not prepare %s from the repository cache: %s", repository["url"], error

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -122,15 +123,25 @@ def docker_engine() -> Iterator[Any]:
     import docker
     from django.conf import settings
 
+    from sandboxes.providers.docker import CHECKOUT_LABEL
+    from sandboxes.repositories import checkout_images_made
+
     try:
         client = docker.from_env(version="auto")
         client.ping()
     except docker.errors.DockerException as error:
         require(False, f"no Docker engine ({error}); `make test` starts one")
+    since = time.time() - 1
     yield client
     mine = ["workbench.managed=true", f"workbench.deployment={settings.WORKBENCH_DEPLOYMENT}"]
     for container in client.containers.list(all=True, filters={"label": mine}):
         container.remove(force=True)
+    # The checkout images the test's sessions had made (sandboxes/repositories.py), once made.
+    checkout_images_made(120)
+    for image in client.api.images(filters={"label": CHECKOUT_LABEL}):
+        if image["Created"] >= since:
+            with contextlib.suppress(docker.errors.APIError):
+                client.api.remove_image(image["Id"], force=True)
 
 
 @pytest.fixture

@@ -13,7 +13,9 @@ the container's files survive it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import ipaddress
+import os
 import shutil
 import socket
 import subprocess
@@ -46,6 +48,16 @@ GONE_SETTLE_S = 2.0
 EXEC_RETRY_S = 5.0
 # Where a sandbox with networking finds the CA bundle that trusts the egress proxy (mounted over the image's).
 CA_BUNDLE_PATH = "/etc/ssl/certs/ca-certificates.crt"
+# Checkout images (`make_checkout_image`): the repository they are kept in, their labels, their helper
+# containers' name, and how many of one family (a repository, folder and checkout) are kept.
+CHECKOUT_IMAGE = "workbench-checkout"
+CHECKOUT_LABEL = "workbench.checkout"
+CHECKOUT_FAMILY_LABEL = "workbench.checkout.family"
+CHECKOUT_BASE_LABEL = "workbench.checkout.base"
+CHECKOUT_MADE_LABEL = "workbench.checkout.made"
+CHECKOUT_HELPER = "workbench-checkout-helper-"
+CHECKOUT_IMAGES_KEPT = 4
+CHECKOUT_HELPER_STALE_S = 600
 # The networks this process has made sure of (created, internal, firewalled): checked once per process.
 _prepared: set[str] = set()
 _preparing = threading.Lock()
@@ -53,7 +65,7 @@ _preparing = threading.Lock()
 
 class DockerProvider:
     name = "docker"
-    capabilities = frozenset({"pause", "snapshot"})
+    capabilities = frozenset({"pause", "snapshot", "checkout_image"})
 
     def __init__(self, *, api: docker.APIClient | None = None):
         self._api = api
@@ -139,6 +151,78 @@ class DockerProvider:
                 self.terminate(handle)
             raise
         return handle
+
+    # -- checkout images: a sandbox image with a repository's checkout already in it (sandboxes/repositories.py)
+    #
+    # A kept clone (sandboxes/mirrors.py) copied into each new container costs the copy (~0.4 s for 3,000
+    # files, twice that under load); put once into an image made from the sandbox's image, it costs nothing
+    # per container, which starts as fast from it. The caller says what the image holds (`name`: a kept clone's
+    # name) and of what repository (`family`); what may use it, when, is the caller's rule.
+
+    def has_checkout_images(self, family: str) -> bool:
+        """Whether any checkout image of `family` is on the engine (so a lookup by name may be worth waiting
+        for)."""
+        with self._engine():
+            return bool(self.api.images(filters={"label": f"{CHECKOUT_FAMILY_LABEL}={_digest(family)}"}))
+
+    def checkout_image(self, base: str, name: str) -> str | None:
+        """The id of the checkout image made as `name` from the image `base` (as it is now), or None."""
+        with self._engine():
+            key = _digest(f"{name}\n{self._image_id(base)}")
+            found = self.api.images(filters={"label": f"{CHECKOUT_LABEL}={key}"})
+        return str(found[0]["Id"]) if found else None
+
+    def make_checkout_image(self, base: str, name: str, family: str, archive: bytes) -> str:
+        """Make the checkout image `name` of `family`: the image `base` with `archive` (a tar relative to the
+        workspace, owned by the sandbox user) unpacked into the workspace; keep the CHECKOUT_IMAGES_KEPT of the
+        family made last. Returns its id (an existing one's if it was made already)."""
+        if made := self.checkout_image(base, name):
+            return made
+        with self._engine():
+            base_id = self._image_id(base)
+            key = _digest(f"{name}\n{base_id}")
+            labels = {
+                CHECKOUT_LABEL: key,
+                CHECKOUT_FAMILY_LABEL: _digest(family),
+                CHECKOUT_BASE_LABEL: base_id,
+                CHECKOUT_MADE_LABEL: str(time.time_ns()),  # "Created" counts in whole seconds
+            }
+            # Never started: its configuration is the base image's, and only its workspace differs.
+            helper = self.api.create_container(
+                base_id, labels=labels, name=f"{CHECKOUT_HELPER}{key[:16]}-{_tag()}"
+            )
+            try:
+                self.api.put_archive(helper["Id"], "/workspace", archive)
+                image = self.api.commit(helper["Id"], repository=CHECKOUT_IMAGE, tag=key[:40])
+            finally:
+                self.api.remove_container(helper["Id"], force=True, v=True)
+            self._prune_checkout_images(labels[CHECKOUT_FAMILY_LABEL])
+        return str(image["Id"])
+
+    def _prune_checkout_images(self, family_key: str) -> None:
+        made = self.api.images(filters={"label": f"{CHECKOUT_FAMILY_LABEL}={family_key}"})
+        made.sort(
+            key=lambda image: int((image.get("Labels") or {}).get(CHECKOUT_MADE_LABEL, 0)), reverse=True
+        )
+        for image in made[CHECKOUT_IMAGES_KEPT:]:
+            try:
+                self.api.remove_image(image["Id"])
+            except docker.errors.APIError as error:
+                if error.status_code not in (404, 409):  # 409: a sandbox runs from it still; a later prune
+                    raise
+        # A helper outlives its make only if the worker died midway: it never ran, and holds disk alone.
+        for helper in self.api.containers(all=True, filters={"name": CHECKOUT_HELPER}):
+            if helper["Created"] < time.time() - CHECKOUT_HELPER_STALE_S:
+                with contextlib.suppress(docker.errors.APIError):
+                    self.api.remove_container(helper["Id"], force=True, v=True)
+
+    def _image_id(self, image: str) -> str:
+        try:
+            return str(self.api.inspect_image(image)["Id"])
+        except docker.errors.ImageNotFound:
+            raise SandboxError(
+                f"the image {image} is not on the Docker engine: build it with `make image` (scripts/build-image.sh)"
+            ) from None
 
     def prepare_egress(self, route: EgressRoute) -> None:
         """Make sure the sandboxes' network exists, is internal (no route out), and that the host answers
@@ -340,6 +424,14 @@ class DockerProvider:
             raise SandboxError(f"the Docker engine refused: {explanation}") from None
         except (requests.exceptions.ConnectionError, docker.errors.DockerException) as error:
             raise SandboxError(f"the Docker engine is not reachable: {error}") from None
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _tag() -> str:
+    return f"{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
 
 
 def _internal_network(api: docker.APIClient, route: EgressRoute) -> None:

@@ -21,6 +21,7 @@ from sandboxes.models import Sandbox
 from sandboxes.pool import pool_refill
 from sandboxes.providers.docker import DockerProvider
 from sandboxes.reaper import reap_idle, reap_orphans
+from sandboxes.repositories import checkout_images_made
 from sessions.selectors import get_events
 from tests.conftest import ROOT, child_env, make_agent, make_environment
 from tests.git_server import git_http_server, make_repository
@@ -479,6 +480,26 @@ def test_a_repository_is_cloned_while_the_first_model_call_thinks(brains, tmp_pa
     assert provisioned.payload["sandbox_id"] == hand.id and not hand.labels["speculative"]
     with override_settings(SPECULATIVE_IDLE_SECONDS=0):
         assert reap_idle() == []
+
+
+def test_a_sandbox_started_after_a_states_second_clone_comes_with_the_checkout_in_its_image(brains, tmp_path):
+    """Two sessions clone one state of a repository (the second reads the kept clone, and has it made into an
+    image); the third session's sandbox starts from that image, labelled so, and its first call finds the
+    repository there."""
+    make_repository(tmp_path / "served" / "origin.git", {"README.md": "hello from the repository\n"})
+    with (
+        git_http_server(tmp_path / "served") as server,
+        override_settings(REPOSITORY_PLAIN_HOSTS=["127.0.0.1"]),
+    ):
+        sessions = [session_with_repository(server) for _ in range(3)]
+        for session_id in sessions[:2]:
+            assert results(turn(session_id, "/bash cat app/README.md")) == [
+                ("hello from the repository", False)
+            ]
+        assert checkout_images_made(120)
+        events = turn(sessions[2], "/bash cat app/README.md; git -C app status --porcelain; stat -c %U app")
+    assert results(events) == [("hello from the repository\nsandbox", False)]
+    assert [bool(held(s)[0].labels.get("checkout_image")) for s in sessions] == [False, False, True]
 
 
 def test_the_repositories_are_cloned_while_the_sandbox_starts(brains, tmp_path, monkeypatch):

@@ -318,16 +318,16 @@ def _cloned(
 def _family(repository: dict[str, Any]) -> str:
     """What a clone is of, whatever the remote's state: the URL (as spelled: the clone's origin), the folder
     and the checkout."""
-    return json.dumps(
-        [repository["url"], repository["mount_path"], repository["checkout"] or {}], sort_keys=True
-    )
+    return json.dumps(_of(repository), sort_keys=True)
 
 
 def _name(repository: dict[str, Any], state: str) -> str:
-    """What a clone is: its `_family` and the mirror's `_state` it is made from."""
-    return json.dumps(
-        [repository["url"], repository["mount_path"], repository["checkout"] or {}, state], sort_keys=True
-    )
+    """What a clone is: what it is of (`_family`) and the mirror's `_state` it is made from."""
+    return json.dumps([*_of(repository), state], sort_keys=True)
+
+
+def _of(repository: dict[str, Any]) -> list[Any]:
+    return [repository["url"], repository["mount_path"], repository["checkout"] or {}]
 
 
 def _clone_from_network(repository: dict[str, Any], folder: Path, *, session_id: str) -> Path:
@@ -478,9 +478,8 @@ def _archive(target: Path, mount: str) -> bytes:
     return buffer.getvalue()
 
 
-IMAGE_WAIT_SECONDS = (
-    5.0  # how long a new sandbox's start may wait for the fetch that names its checkout image
-)
+# How long a new sandbox's start may wait for the fetch that names its checkout image.
+IMAGE_WAIT_SECONDS = 5.0
 
 
 class ClonesAhead:

@@ -31,8 +31,9 @@ on the platform's share is judged on phase 2.
 Everything is real and local (bench/common/launcher.py): its own PostgreSQL and Redis, migrations, Daphne,
 Celery workers (threads pool) and beat (the sweeper, the reaper, pool maintenance), Docker sandboxes from
 workbench-sandbox:latest, `git daemon` and the offline model in their own processes. Sessions are archived
-and their sandboxes terminated as they finish; at the end every container labelled with the run's
-`workbench.deployment` is removed.
+and their sandboxes terminated as they finish (once a provisioning ahead that outlived the turns has ended: a
+sandbox's facts, such as whether it started from a checkout image, are read then); at the end every container
+labelled with the run's `workbench.deployment` is removed.
 
 Usage: .venv/bin/python -m bench.ttft [--quick] [--per-mode N] [--rate R] [--background N]
        [--platform-sessions N] [--seed S] [--note TEXT] [--logs DIR]
@@ -769,9 +770,30 @@ class Run:
 # Synchronous reads for the client's threads (Django's ORM).
 
 
+SETTLE_SECONDS = 120.0  # how long a session's facts wait for its provisioning ahead to end
+
+
+def settled(session_id: str) -> bool:
+    """Wait until no sandbox of the session is still provisioning (the model may answer without a tool before
+    its provisioning ahead ends); whether none is. Its facts (the checkout image) are read after, and only
+    then is the session retired, so its provisioning is never cut short by the client."""
+    from sandboxes.models import Sandbox
+
+    provisioning = Sandbox.objects.filter(session_id=session_id, status=Sandbox.Status.PROVISIONING)
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while provisioning.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def read_log(sample: Sample, posted_wall: float) -> None:
-    """Where the time went, by the log's own timestamps."""
+    """Where the time went, by the log's own timestamps, once the session's provisioning has settled."""
     from sessions.models import Event
+
+    if not settled(sample.session_id):
+        sample.errors.append(f"a sandbox still provisioning {SETTLE_SECONDS:g} s after the turns ended")
 
     events = list(
         Event.objects.filter(session_id=sample.session_id)

@@ -15,7 +15,7 @@ from typing import Any
 
 def machine_info(*, tools: bool = False) -> dict[str, Any]:
     """The CPUs, memory, kernel, load and versions; the database's durability settings on PostgreSQL; with
-    `tools`, the Docker engine's and git's versions."""
+    `tools`, the Docker engine's and git's versions and the engine's storage driver."""
     import django
     import psycopg
     from django.db import connection
@@ -56,6 +56,7 @@ def machine_info(*, tools: bool = False) -> dict[str, Any]:
     }
     if tools:
         info["docker"] = version_of(["docker", "version", "--format", "{{.Server.Version}}"])
+        info["docker_storage"] = version_of(["docker", "info", "--format", "{{.Driver}}"])
         info["git"] = version_of(["git", "--version"])
     return info
 
@@ -86,6 +87,12 @@ def cpu_jiffies() -> list[float]:
 def busy(before: list[float], now: list[float]) -> float:
     """The share of the CPUs' time between two `cpu_jiffies()` that was neither idle nor waiting on I/O."""
     return 1 - ((now[3] + now[4]) - (before[3] + before[4])) / max(1e-9, sum(now) - sum(before))
+
+
+def busy_cpu_seconds() -> float:
+    """The CPU seconds the machine has spent so far, all CPUs, neither idle nor waiting on I/O."""
+    now = cpu_jiffies()
+    return (sum(now) - now[3] - now[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_pressure_us() -> float | None:

@@ -7,13 +7,17 @@ when idle), never handed out again as a fresh one.
 
 An environment that names a `pool_repository` gets its pooled sandboxes with that repository checked out
 from the workers' mirror (`sandboxes.repositories.prepare_checkout`), once a session has fetched it; a
-session keeps that checkout only after proving its own access, and the refill never asks the remote.
+session keeps that checkout only after proving its own access, and the refill never asks the remote. A pool
+member whose checkout the mirror has moved past since it was prepared (a session's fetch brought a new tip),
+or that came with none while the mirror had none to give, would only have its checkout removed and the
+repository cloned again by the session that takes it: pool maintenance (`pool_renew`, on beat) replaces it.
 """
 
 from __future__ import annotations
 
 import logging
 from contextlib import suppress
+from datetime import UTC, datetime
 
 from celery import current_app
 from django.conf import settings
@@ -23,7 +27,7 @@ from django.utils import timezone
 from sandboxes.models import Environment, Sandbox
 from sandboxes.providers import SandboxError
 from sandboxes.provisioning import provider_name, provider_of, resources_for
-from sandboxes.repositories import prepare_checkout
+from sandboxes.repositories import mirror_state, prepare_checkout, prepared_as
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +68,38 @@ def pool_take(environment: Environment, *, session, name: str) -> Sandbox | None
             sandbox.save(update_fields=["session", "name", "labels"])
     transaction.on_commit(lambda: queue_refill(environment.id))
     return sandbox
+
+
+def pool_renew(environment: Environment) -> list[str]:
+    """Remove the environment's free pool members that hold no checkout of its `pool_repository` (as it is
+    configured now) while the workers' mirror can give one, or one the mirror has moved past since they were
+    made (so a worker whose mirror is behind theirs leaves them alone); the refill that follows prepares
+    their replacements from the mirror as it is. Asks no remote. Returns the ids removed."""
+    repository = (environment.config.get("sandbox") or {}).get("pool_repository")
+    mirror = mirror_state(repository) if repository else None
+    if repository is None or mirror is None:
+        return []
+    state, fetched = mirror
+    fetched_at = datetime.fromtimestamp(fetched, UTC)
+    removed = []
+    for sandbox in _free(environment):
+        prepared = sandbox.labels.get("prepared")
+        if (
+            prepared
+            and prepared_as(repository, prepared)
+            and (prepared.get("state") == state or sandbox.created_at >= fetched_at)
+        ):
+            continue
+        # Only while no session has taken it: a take holds the row's lock, and leaves it no longer free.
+        if _free(environment).filter(id=sandbox.id).update(status=Sandbox.Status.DEAD):
+            with suppress(SandboxError):
+                provider_of(sandbox).terminate(sandbox.handle)
+            removed.append(sandbox.id)
+    if removed:
+        logger.info(
+            "warm pool of %s: %d members renewed for %s", environment.id, len(removed), repository["url"]
+        )
+    return removed
 
 
 def queue_refill(environment_id: str) -> None:

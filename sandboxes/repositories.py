@@ -781,6 +781,34 @@ def _prepared_resource(
     return None
 
 
+RENEW_WAIT_SECONDS = 5  # how long pool maintenance waits for a mirror a clone holds; then it renews nothing
+
+
+def mirror_state(pool_repository: dict[str, Any]) -> tuple[str, float] | None:
+    """What a checkout of an environment's `pool_repository` prepared now would be made of (`_state`), and
+    when the workers' mirror last fetched from the remote (a session's fetch: the only one there is); None
+    when the cache is off or busy, or its mirror cannot give that checkout. Asks no remote."""
+    if not mirrors.cache_enabled():
+        return None
+    try:
+        repository = checked_repository(pool_repository, "config.sandbox.pool_repository")
+        with mirrors.mirror_held(repository["url"], wait_s=RENEW_WAIT_SECONDS) as mirror:
+            state = _state(mirror, repository["checkout"] or {})
+            fetched = (mirror / "FETCH_HEAD").stat().st_mtime
+    except (Invalid, mirrors.MirrorUnavailable, OSError):
+        return None
+    return None if state is None else (state, fetched)
+
+
+def prepared_as(pool_repository: dict[str, Any], prepared: dict[str, Any]) -> bool:
+    """Whether a pool member's checkout (`prepared`) is of the environment's `pool_repository` as configured
+    now: the same URL, folder and checkout."""
+    try:
+        return _stands_for(checked_repository(pool_repository, "config.sandbox.pool_repository"), prepared)
+    except Invalid:
+        return False
+
+
 def _remove_prepared(provider: Any, handle: str, prepared: dict[str, Any]) -> None:
     """Remove a prepared checkout the session may not keep; SandboxError if it is still there."""
     folder = shlex.quote(prepared["mount_path"])

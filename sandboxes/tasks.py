@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from sandboxes.models import Environment
-from sandboxes.pool import REFILL_TASK, pool_refill, pool_size
+from sandboxes.pool import REFILL_TASK, pool_refill, pool_renew, pool_size
 from sandboxes.reaper import reap_idle, reap_orphans
 from sandboxes.work_queue import work_sweep
 
@@ -17,8 +17,13 @@ def refill_pool(environment_id: str) -> int:
 
 @shared_task(ignore_result=True, time_limit=600, soft_time_limit=570)
 def maintain_pools() -> int:
-    environments = Environment.objects.usable()
-    return sum(pool_refill(e.id) for e in environments if pool_size(e) > 0)
+    """Every pool: its stale members replaced (`pool_renew`), and filled to its size; how many were added."""
+    added = 0
+    for environment in Environment.objects.usable():
+        if pool_size(environment) > 0:
+            pool_renew(environment)
+            added += pool_refill(environment.id)
+    return added
 
 
 @shared_task(ignore_result=True, time_limit=600, soft_time_limit=570)

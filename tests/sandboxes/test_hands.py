@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -17,14 +18,14 @@ from harness import model
 from harness.brain import run_brain
 from harness.services.lifecycle import session_archive, session_create, session_send_events
 from sandboxes.hands import held
-from sandboxes.models import Sandbox
+from sandboxes.models import Environment, Sandbox
 from sandboxes.pool import pool_refill
 from sandboxes.providers.docker import DockerProvider
 from sandboxes.reaper import reap_idle, reap_orphans
 from sandboxes.repositories import checkout_images_made
 from sessions.selectors import get_events
 from tests.conftest import ROOT, child_env, make_agent, make_environment
-from tests.git_server import git_http_server, make_repository
+from tests.git_server import git_http_server, make_repository, push_commit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TOOLSET = [{"type": "agent_toolset_20260401"}]
@@ -245,6 +246,64 @@ def test_the_warm_pool_hands_out_its_repository_checked_out_only_to_a_session_th
     assert [e.payload["sandbox_id"] for e in events if e.type == "sandbox.provisioned"] == [pooled.id]
     assert results(events) == [("0", False)]
     assert Sandbox.objects.get(id=pooled.id).labels["prepared"]["kept"] is False
+
+
+def test_pool_maintenance_replaces_members_the_mirror_has_moved_past_and_only_those(
+    prepared_pool, docker_engine, tmp_path
+):
+    """A member made while the cache could give no checkout, and one whose checkout a session's fetch has
+    since moved the mirror past, are replaced by beat's pool maintenance with members prepared from the
+    mirror as it is; one the mirror still gives, or whose remote moved with no session fetching since, stays
+    (maintenance asks no remote)."""
+    from sandboxes.mirrors import mirror_path
+    from sandboxes.repositories import repository_archive
+    from sandboxes.tasks import maintain_pools
+
+    def members() -> list[Sandbox]:
+        return list(
+            Sandbox.objects.filter(environment_id=pool.environment_id, session__isnull=True, status="ready")
+        )
+
+    def gone(sandbox: Sandbox) -> bool:
+        found = docker_engine.containers.list(all=True, filters={"label": f"workbench.sandbox={sandbox.id}"})
+        return Sandbox.objects.get(id=sandbox.id).status in ("dead", "terminated") and not found
+
+    pool = prepared_pool
+    with override_settings(REPOSITORY_CACHE_DIR=""):  # a refill on a worker without the cache
+        assert pool_refill(pool.environment_id) == 1
+    [bare] = members()
+    assert "prepared" not in bare.labels
+    assert maintain_pools() == 1
+    [prepared] = members()
+    assert gone(bare) and pool.head in prepared.labels["prepared"]["state"]
+
+    served = tmp_path / "served" / "origin.git"
+    later = push_commit(served, "later.txt", "pushed after the pool was filled\n")
+    assert maintain_pools() == 0 and members() == [prepared], "renewed with no session's fetch since"
+
+    repository_archive(pool.resource, session_id="sesn_a_later_one")  # a session's clone fetches the tip
+    assert maintain_pools() == 1
+    [renewed] = members()
+    assert gone(prepared) and later in renewed.labels["prepared"]["state"]
+    assert maintain_pools() == 0 and members() == [renewed]
+    # A worker whose mirror is behind the member's (last fetched before the member was made) leaves it be.
+    mirror = mirror_path(pool.resource["url"])
+    subprocess.run(["git", "-C", str(mirror), "update-ref", "refs/heads/main", pool.head], check=True)
+    os.utime(mirror / "FETCH_HEAD", (time.time() - 3600, time.time() - 3600))
+    assert maintain_pools() == 0 and members() == [renewed]
+
+    events = turn(pool.session(pool.resource), "/bash git -C app rev-parse HEAD")
+    assert [e.payload["sandbox_id"] for e in events if e.type == "sandbox.provisioned"] == [renewed.id]
+    assert results(events) == [(later, False)]
+    assert Sandbox.objects.get(id=renewed.id).labels["prepared"]["kept"] is True
+
+    member = pool.refilled()  # a member prepared as configured, until the configuration changes
+    environment = Environment.objects.get(id=pool.environment_id)
+    environment.config["sandbox"]["pool_repository"]["mount_path"] = "/workspace/elsewhere"
+    environment.save(update_fields=["config"])
+    assert maintain_pools() == 1
+    [moved] = members()
+    assert gone(member) and moved.labels["prepared"]["mount_path"] == "/workspace/elsewhere"
 
 
 def test_a_prepared_pool_sandbox_is_out_of_reach_until_proved_and_discarded_if_its_checkout_cannot_go(

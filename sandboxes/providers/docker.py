@@ -204,7 +204,13 @@ class DockerProvider:
         made.sort(
             key=lambda image: int((image.get("Labels") or {}).get(CHECKOUT_MADE_LABEL, 0)), reverse=True
         )
-        for image in made[CHECKOUT_IMAGES_KEPT:]:
+        kept: set[str] = set()
+        for image in made:
+            # The newest of each checkout is kept (two workers making one at once made two: the other goes).
+            key = (image.get("Labels") or {}).get(CHECKOUT_LABEL, image["Id"])
+            if key not in kept and len(kept) < CHECKOUT_IMAGES_KEPT:
+                kept.add(key)
+                continue
             try:
                 self.api.remove_image(image["Id"])
             except docker.errors.APIError as error:

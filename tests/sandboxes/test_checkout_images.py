@@ -197,6 +197,18 @@ def test_a_family_keeps_the_images_made_last_but_not_one_a_sandbox_runs_from(pro
         provider.api.remove_image(other_base, force=True)
 
 
+def test_of_one_checkout_made_twice_at_once_the_newer_image_alone_is_kept(provider, monkeypatch):
+    """Two workers that make the same checkout image at once both commit one; the prune that follows the
+    second leaves one, and it counts once toward the family's CHECKOUT_IMAGES_KEPT."""
+    family = f"test-family-{time.time_ns()}"
+    archive = _tar({"app/STATE": b"0\n"})
+    provider.make_checkout_image(IMAGE, f"{family}-state", family, archive)
+    monkeypatch.setattr(provider, "checkout_image", lambda base, name: None)  # the other had not seen it
+    second = provider.make_checkout_image(IMAGE, f"{family}-state", family, archive)
+    family_images = provider.api.images(filters={"label": f"{CHECKOUT_FAMILY_LABEL}={_digest(family)}"})
+    assert [image["Id"] for image in family_images] == [second]
+
+
 def _tar(files: dict[str, bytes]) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:

@@ -5,7 +5,9 @@ Usage: .venv/bin/python bench/report.py [--quick]
 Each benchmark gets a section: its targets beside the measured figures, how it was run, the machine it ran on
 and its plot. Benchmarks this file knows (log, harness, sandboxes, work_queue, ui, ttft, api, egress) are
 rendered from their own structure; any other `bench/results/<name>.json` is rendered from its lists of rows. A full run's
-results are used when present, a `--quick` run's otherwise (and first with --quick); a section says which.
+results are used when present, a `--quick` run's otherwise (and first with --quick); a section says which. A
+`<benchmark>-<variant>.json` (e.g. `sandboxes-overlay2`: a run kept beside the main one for a comparison the
+README makes) is rendered as its benchmark's, after it.
 
 The same renderers print a benchmark's figures when it ends (`render`, through bench/common/results.py), so
 the terminal and the README show one table.
@@ -93,7 +95,8 @@ def machine_line(machine: dict[str, Any], when: str | None = None) -> str:
     if isinstance(postgres, dict) and postgres.get("server_version"):
         parts.append(f"PostgreSQL {postgres['server_version']} (fsync {postgres.get('fsync', '?')})")
     if machine.get("docker"):
-        parts.append(f"Docker {machine['docker']}")
+        storage = f" on {machine['docker_storage']}" if machine.get("docker_storage") else ""
+        parts.append(f"Docker {machine['docker']}{storage}")
     load = machine.get("load_average_at_start")
     if load:
         parts.append(
@@ -639,11 +642,17 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], tuple[list[str], int, int]]] = {
 }
 
 
+def benchmark_of(name: str) -> tuple[str, str | None]:
+    """The benchmark a result's name is of, and the variant it names after a dash (None for the main run)."""
+    base, _, variant = name.partition("-")
+    return (base, variant) if variant and base in RENDERERS else (name, None)
+
+
 def render(name: str, data: dict[str, Any]) -> tuple[list[str], int, int]:
     """A benchmark's figures as Markdown, with its targets met and in all; a result of another shape than its
     renderer knows is still shown, by the generic one."""
     try:
-        return RENDERERS.get(name, render_generic)(data)
+        return RENDERERS.get(benchmark_of(name)[0], render_generic)(data)
     except (KeyError, TypeError, IndexError, ValueError) as error:
         body = [f"(could not render the {name} results by their known shape: {error!r})", ""]
         return body + render_generic(data)[0], 0, 0
@@ -662,7 +671,11 @@ def pick(name: str, prefer_quick: bool) -> Path | None:
 
 def names() -> list[str]:
     found = {p.stem.removesuffix("-quick") for p in RESULTS.glob("*.json") if not p.stem.endswith("-partial")}
-    return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
+    bases = sorted(
+        {benchmark_of(n)[0] for n in found},
+        key=lambda n: (n not in ORDER, ORDER.index(n) if n in ORDER else 0, n),
+    )
+    return [n for base in bases for n in sorted(found) if benchmark_of(n)[0] == base]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -680,7 +693,10 @@ def main(argv: list[str] | None = None) -> None:
         machine = data.get("machine", {})
         when = data.get("at") or machine.get("date")
         machines.append(machine)
-        title = TITLES.get(name, f"{name} (bench/{name}.py)")
+        base, variant = benchmark_of(name)
+        title = TITLES.get(base, f"{base} (bench/{base}.py)") + (
+            f": the run kept as `{variant}`" if variant else ""
+        )
         section = [
             f"## {title}",
             "",

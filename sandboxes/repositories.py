@@ -589,7 +589,10 @@ def _made_image(key: tuple[str, str, str], family: str, archive: bytes) -> None:
     provider_name, base, name = key
     try:
         provider: Any = get_provider(provider_name)  # the docker provider: the one with "checkout_image"
-        provider.make_checkout_image(base, name, family, archive)
+        scope = {"workbench.deployment": settings.WORKBENCH_DEPLOYMENT}  # an engine may serve others too
+        provider.make_checkout_image(
+            base, name, family, archive, scope=scope, most=settings.CHECKOUT_IMAGES_MAX
+        )
     except SandboxError as error:
         logger.warning("could not make a checkout image: %s", error)
     finally:

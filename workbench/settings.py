@@ -287,6 +287,9 @@ REPOSITORY_CACHE_DIR = env(
     default=str(BASE_DIR / env("WORKBENCH_DATA_DIR", default=".cache") / "repositories"),
 )
 REPOSITORY_CACHE_MAX_MB = env.int("REPOSITORY_CACHE_MAX_MB", default=10240)
+# Checkout images (sandboxes/repositories.py): past the 4 newest of a repository, folder and checkout, at most
+# this many of the deployment's are kept on the engine, the ones made last.
+CHECKOUT_IMAGES_MAX = env.int("CHECKOUT_IMAGES_MAX", default=32)
 
 # The vault (vault/crypto.py). Secrets are sealed to an X25519 key-encryption key: the web server and
 # workers seal with its public half (VAULT_PUBLIC_KEYS, JSON, or VAULT_PUBLIC_KEY_FILE); only the egress

@@ -49,7 +49,8 @@ EXEC_RETRY_S = 5.0
 # Where a sandbox with networking finds the CA bundle that trusts the egress proxy (mounted over the image's).
 CA_BUNDLE_PATH = "/etc/ssl/certs/ca-certificates.crt"
 # Checkout images (`make_checkout_image`): the repository they are kept in, their labels, their helper
-# containers' name, and how many of one family (a repository, folder and checkout) are kept.
+# containers' name, and how many of one family (a repository, folder and checkout) are kept; the caller may
+# cap them all (of its scope) too.
 CHECKOUT_IMAGE = "workbench-checkout"
 CHECKOUT_LABEL = "workbench.checkout"
 CHECKOUT_FAMILY_LABEL = "workbench.checkout.family"
@@ -172,16 +173,28 @@ class DockerProvider:
             found = self.api.images(filters={"label": f"{CHECKOUT_LABEL}={key}"})
         return str(found[0]["Id"]) if found else None
 
-    def make_checkout_image(self, base: str, name: str, family: str, archive: bytes) -> str:
+    def make_checkout_image(
+        self,
+        base: str,
+        name: str,
+        family: str,
+        archive: bytes,
+        *,
+        scope: dict[str, str] | None = None,
+        most: int | None = None,
+    ) -> str:
         """Make the checkout image `name` of `family`: the image `base` with `archive` (a tar relative to the
         workspace, owned by the sandbox user) unpacked into the workspace; keep the CHECKOUT_IMAGES_KEPT of the
-        family made last. Returns its id (an existing one's if it was made already)."""
+        family made last and, of those labelled with `scope` (as this one is), the `most` made last, whatever
+        their family: repositories no session clones any more do not keep theirs for ever. Returns its id (an
+        existing one's if it was made already)."""
         if made := self.checkout_image(base, name):
             return made
         with self._engine():
             base_id = self._image_id(base)
             key = _digest(f"{name}\n{base_id}")
             labels = {
+                **(scope or {}),
                 CHECKOUT_LABEL: key,
                 CHECKOUT_FAMILY_LABEL: _digest(family),
                 CHECKOUT_BASE_LABEL: base_id,
@@ -196,11 +209,18 @@ class DockerProvider:
                 image = self.api.commit(helper["Id"], repository=CHECKOUT_IMAGE, tag=key[:40])
             finally:
                 self.api.remove_container(helper["Id"], force=True, v=True)
-            self._prune_checkout_images(labels[CHECKOUT_FAMILY_LABEL])
+            self._prune_checkout_images(
+                [f"{CHECKOUT_FAMILY_LABEL}={labels[CHECKOUT_FAMILY_LABEL]}"], CHECKOUT_IMAGES_KEPT
+            )
+            if most is not None:
+                self._prune_checkout_images(
+                    [CHECKOUT_LABEL, *(f"{k}={v}" for k, v in (scope or {}).items())], most
+                )
         return str(image["Id"])
 
-    def _prune_checkout_images(self, family_key: str) -> None:
-        made = self.api.images(filters={"label": f"{CHECKOUT_FAMILY_LABEL}={family_key}"})
+    def _prune_checkout_images(self, filters: list[str], keep: int) -> None:
+        """Of the checkout images with all the `filters` labels, remove all but the `keep` made last."""
+        made = self.api.images(filters={"label": filters})
         made.sort(
             key=lambda image: int((image.get("Labels") or {}).get(CHECKOUT_MADE_LABEL, 0)), reverse=True
         )
@@ -208,7 +228,7 @@ class DockerProvider:
         for image in made:
             # The newest of each checkout is kept (two workers making one at once made two: the other goes).
             key = (image.get("Labels") or {}).get(CHECKOUT_LABEL, image["Id"])
-            if key not in kept and len(kept) < CHECKOUT_IMAGES_KEPT:
+            if key not in kept and len(kept) < keep:
                 kept.add(key)
                 continue
             try:

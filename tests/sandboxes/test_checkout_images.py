@@ -209,6 +209,25 @@ def test_of_one_checkout_made_twice_at_once_the_newer_image_alone_is_kept(provid
     assert [image["Id"] for image in family_images] == [second]
 
 
+def test_past_the_cap_a_deployments_images_made_first_go_whatever_their_family(provider):
+    """Each repository keeps its own newest, but repositories no session clones any more would keep theirs
+    for ever: of the images of one deployment (the scope's label), only the `most` made last stay; another
+    deployment's, on the same engine, are not this one's to remove."""
+    run = time.time_ns()
+    ours, theirs = {"workbench.deployment": f"test-{run}"}, {"workbench.deployment": f"test-other-{run}"}
+    archive = _tar({"app/STATE": b"0\n"})
+    other = provider.make_checkout_image(
+        IMAGE, f"{run}-theirs", f"{run}-family", archive, scope=theirs, most=1
+    )
+    made = [
+        provider.make_checkout_image(IMAGE, f"{run}-{i}", f"{run}-family-{i}", archive, scope=ours, most=2)
+        for i in range(4)
+    ]
+    left = provider.api.images(filters={"label": f"workbench.deployment={ours['workbench.deployment']}"})
+    assert {image["Id"] for image in left} == set(made[-2:])
+    assert provider.api.inspect_image(other)["Id"] == other
+
+
 def _tar(files: dict[str, bytes]) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:

@@ -117,6 +117,7 @@ class DockerProvider:
             try:
                 container = self.api.create_container(
                     resources.image,
+                    entrypoint=[],  # the image's own, if it has one, would be handed our command as arguments
                     command=CONTAINER_COMMAND,
                     user=CONTAINER_USER,
                     working_dir="/workspace",

@@ -130,6 +130,26 @@ def test_snapshot_commits_the_files_to_an_image_a_new_sandbox_starts_from(
         api.remove_image(reference, force=True)
 
 
+def test_an_image_with_its_own_entrypoint_still_starts_the_sandbox(
+    sandbox: Sandbox, provider: DockerProvider, api: Any
+) -> None:
+    """An environment's image may set an ENTRYPOINT (many do): the sandbox runs its own command all the same,
+    not as arguments to that entrypoint."""
+    changes = ['ENTRYPOINT ["/bin/false"]']
+    image = api.commit(
+        sandbox.handle, repository="workbench-entrypoint-test", tag=sandbox.handle[:12], changes=changes
+    )
+    other = None
+    try:
+        assert api.inspect_image(image["Id"])["Config"]["Entrypoint"] == ["/bin/false"]
+        other = Sandbox(provider, provider.provision(sandbox_resources(image=image["Id"])))
+        assert other.bash("echo hi") == "hi"
+    finally:
+        if other is not None:
+            provider.terminate(other.handle)
+        api.remove_image(image["Id"], force=True)
+
+
 def test_a_missing_image_is_a_sandbox_error_that_says_how_to_build_it(provider: Provider) -> None:
     with pytest.raises(SandboxError, match="make image"):
         provider.provision(Resources(image="workbench-sandbox:absent", labels={"workbench.test": "x"}))

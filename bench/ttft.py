@@ -1219,7 +1219,8 @@ def start_platform(system: Launcher, plan: Plan, deployment: str) -> str:
     # On the way out, once the processes have stopped (no more sandboxes made): what is left of them.
     system.callback(
         lambda: say(
-            f"removed {remove_sandboxes(deployment, plan.provider)} leftover sandboxes of {deployment}"
+            f"removed {remove_sandboxes(deployment, plan.provider)} leftover sandboxes of {deployment}, and its "
+            "checkout images"
         )
     )
     url = system.processes.daphne()

@@ -77,8 +77,10 @@ def terminate_sandboxes(session_id: str | None = None) -> None:
 
 
 def remove_sandboxes(deployment: str, provider_name: str) -> int:
-    """Remove what the provider still runs with this deployment's label, rows or none; how many."""
+    """Remove what the provider still runs with this deployment's label, rows or none, and the checkout images
+    the deployment made (a benchmark's deployment is its run's alone); how many sandboxes."""
     from sandboxes.providers import SandboxError, get_provider
+    from sandboxes.providers.docker import CHECKOUT_LABEL
 
     provider = get_provider(provider_name)
     handles = [
@@ -87,4 +89,8 @@ def remove_sandboxes(deployment: str, provider_name: str) -> int:
     for handle in handles:
         with contextlib.suppress(SandboxError, OSError):
             provider.terminate(handle)
+    if api := getattr(provider, "api", None):  # docker
+        for image in api.images(filters={"label": [CHECKOUT_LABEL, f"workbench.deployment={deployment}"]}):
+            with contextlib.suppress(Exception):
+                api.remove_image(image["Id"], force=True)
     return len(handles)

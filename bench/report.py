@@ -96,7 +96,9 @@ def machine_line(machine: dict[str, Any], when: str | None = None) -> str:
         parts.append(f"PostgreSQL {postgres['server_version']} (fsync {postgres.get('fsync', '?')})")
     if machine.get("docker"):
         storage = f" on {machine['docker_storage']}" if machine.get("docker_storage") else ""
-        parts.append(f"Docker {machine['docker']}{storage}")
+        weight = machine.get("docker_cpu_weight")
+        weight_note = f", CPU weight {weight:g} (a process's: 100)" if weight is not None else ""
+        parts.append(f"Docker {machine['docker']}{storage}{weight_note}")
     load = machine.get("load_average_at_start")
     if load:
         parts.append(

@@ -13,12 +13,19 @@
 # later run (after a reboot too). Where neither can be had (no loop devices, an older kernel), dockerd
 # starts on its default data-root, and sandboxes provision only with SANDBOX_DISK_QUOTA=off.
 #
+# The engine (dockerd, containerd, and what they run to start and remove a container) gets the CPU in a
+# cgroup of low weight, workbench-engine: it takes whatever CPU the platform leaves, but a user's request or
+# a model's stream does not wait behind a sandbox being started. An engine already running in the root
+# cgroup (as this script starts one) is moved there too; one a service manager placed is left where it is.
+# The sandboxes' own processes stay in the groups Docker gives them.
+#
 # Usage: scripts/start-dockerd.sh [LOG_DIR]      (default: $DOCKERD_LOG_DIR or /tmp)
 # Env:   DOCKERD_START_TIMEOUT (seconds, default 60), DOCKERD_FLAGS (extra flags for dockerd),
 #        DOCKERD_DATA_ROOT (default /var/lib/workbench/docker), DOCKERD_FS_IMAGE (default
 #        /var/lib/workbench/docker.img), DOCKERD_FS_SIZE (when the image is made; default 80% of the
 #        free space beside it, which a sparse file takes only as it fills), DOCKERD_QUOTA_FS=0 (keep
-#        dockerd's own data-root), DOCKERD_PIDFILE (default /var/run/docker.pid)
+#        dockerd's own data-root), DOCKERD_PIDFILE (default /var/run/docker.pid), DOCKERD_CPU_WEIGHT (the
+#        engine's CPU weight, where a process's is 100: default 10; 0 leaves it where it starts)
 set -euo pipefail
 
 log_dir=${1:-${DOCKERD_LOG_DIR:-/tmp}}
@@ -28,16 +35,64 @@ data_root=${DOCKERD_DATA_ROOT:-/var/lib/workbench/docker}
 fs_image=${DOCKERD_FS_IMAGE:-/var/lib/workbench/docker.img}
 pid_file=${DOCKERD_PIDFILE:-/var/run/docker.pid}
 quota_fs=${DOCKERD_QUOTA_FS:-1}
+cpu_weight=${DOCKERD_CPU_WEIGHT:-10}
 
 say() { echo "start-dockerd: $*" >&2; }
+
+if ! [[ $cpu_weight =~ ^[0-9]+$ ]] || ((cpu_weight > 10000)); then
+    say "DOCKERD_CPU_WEIGHT is a whole number from 1 to 10000 (a process's is 100), or 0 to leave the engine" \
+        "where it starts; not '$cpu_weight'"
+    exit 2
+fi
 
 install() {
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
+# The engine's CPU cgroup, made with its weight (cgroup v2's cpu.weight, or v1's cpu.shares: 1024 a process);
+# its directory, or nothing where there is none to make (not root, no cpu controller).
+engine_group() {
+    local group
+    ((cpu_weight > 0)) && [[ $(id -u) == 0 ]] || return 0
+    if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+        grep -qw cpu /sys/fs/cgroup/cgroup.controllers || return 0
+        group=/sys/fs/cgroup/workbench-engine
+        { grep -qw cpu /sys/fs/cgroup/cgroup.subtree_control || echo +cpu >/sys/fs/cgroup/cgroup.subtree_control; } &&
+            mkdir -p "$group" && echo "$cpu_weight" >"$group/cpu.weight" || return 0
+    elif [[ -d /sys/fs/cgroup/cpu ]]; then
+        group=/sys/fs/cgroup/cpu/workbench-engine
+        mkdir -p "$group" && echo $((cpu_weight * 1024 / 100 > 2 ? cpu_weight * 1024 / 100 : 2)) >"$group/cpu.shares" ||
+            return 0
+    else
+        return 0
+    fi
+    echo "$group"
+}
+
+# The cpu cgroup of process $1, as /proc/PID/cgroup names it ("/" for the root).
+cpu_cgroup_of() {
+    awk -F: '$2 ~ /(^|,)cpu(,|$)/ { v1 = $3 } $1 == "0" { v2 = $3 } END { print (v1 != "" ? v1 : v2) }' \
+        "/proc/$1/cgroup" 2>/dev/null
+}
+
+# Move a running engine (dockerd from the pid file, its containerd, their containers' shims) into the group,
+# if it is in the root cgroup: one a service manager placed is left where it is.
+adopt_engine() {
+    local group=$1 dockerd pid
+    dockerd=$(cat "$pid_file" 2>/dev/null) && kill -0 "$dockerd" 2>/dev/null || return 0
+    [[ $(cpu_cgroup_of "$dockerd") == / ]] || return 0
+    for pid in "$dockerd" $(pgrep -P "$dockerd" -x containerd) $(pgrep -f 'containerd-shim.*-namespace moby'); do
+        [[ $(cpu_cgroup_of "$pid") == / ]] && echo "$pid" >"$group/cgroup.procs" 2>/dev/null || true
+    done
+    say "moved the running engine into the CPU cgroup $group (weight $cpu_weight)"
+}
+
+cpu_group=$(engine_group)
+
 if docker info >/dev/null 2>&1; then
     say "the Docker engine already answers"
+    [[ -z $cpu_group ]] || adopt_engine "$cpu_group"
     driver=$(docker info --format '{{.Driver}}' 2>/dev/null || true)
     backing=$(docker info --format \
         '{{range .DriverStatus}}{{if eq (index . 0) "Backing Filesystem"}}{{index . 1}}{{end}}{{end}}' \
@@ -161,10 +216,14 @@ if [[ $quota_fs != 0 ]]; then
     fi
 fi
 
-# Start dockerd detached from this shell; return its pid.
+# Start dockerd detached from this shell, in the engine's CPU cgroup (containerd and what it starts follow);
+# return its pid.
 launch() {
-    # shellcheck disable=SC2086  # flags are words on purpose
-    setsid dockerd --pidfile "$pid_file" "${storage[@]}" ${DOCKERD_FLAGS:-} "$@" >>"$log_file" 2>&1 </dev/null &
+    (
+        [[ -z $cpu_group ]] || echo "$BASHPID" >"$cpu_group/cgroup.procs"
+        # shellcheck disable=SC2086  # flags are words on purpose
+        exec setsid dockerd --pidfile "$pid_file" "${storage[@]}" ${DOCKERD_FLAGS:-} "$@"
+    ) >>"$log_file" 2>&1 </dev/null &
     echo $!
 }
 
@@ -195,7 +254,7 @@ if ((status == 1)) && grep -qiE 'iptables|bridge|nat' "$log_file"; then
 fi
 
 case $status in
-0) say "the Docker engine answers (dockerd pid $pid)" ;;
+0) say "the Docker engine answers (dockerd pid $pid${cpu_group:+, CPU cgroup $cpu_group weight $cpu_weight})" ;;
 1)
     say "dockerd exited before answering; last lines of $log_file:"
     tail -n 30 "$log_file" >&2

@@ -15,7 +15,7 @@ from typing import Any
 
 def machine_info(*, tools: bool = False) -> dict[str, Any]:
     """The CPUs, memory, kernel, load and versions; the database's durability settings on PostgreSQL; with
-    `tools`, the Docker engine's and git's versions and the engine's storage driver."""
+    `tools`, the Docker engine's and git's versions, the engine's storage driver and its CPU weight."""
     import django
     import psycopg
     from django.db import connection
@@ -57,8 +57,41 @@ def machine_info(*, tools: bool = False) -> dict[str, Any]:
     if tools:
         info["docker"] = version_of(["docker", "version", "--format", "{{.Server.Version}}"])
         info["docker_storage"] = version_of(["docker", "info", "--format", "{{.Driver}}"])
+        info["docker_cpu_weight"] = engine_cpu_weight()
         info["git"] = version_of(["git", "--version"])
     return info
+
+
+def cpu_cgroup(pid: int) -> str:
+    """The cpu cgroup of a process, as /proc/PID/cgroup names it ("/" is the root): v1's cpu controller's,
+    else the unified hierarchy's."""
+    found = None
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        number, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+        if number == "0":
+            found = path
+    if found is None:
+        raise ValueError(f"process {pid} is in no cpu cgroup")
+    return found
+
+
+def cpu_weight(group: str) -> float:
+    """A cgroup's CPU weight, where a process's is 100: cgroup v2's cpu.weight, or v1's cpu.shares / 10.24."""
+    if group == "/":
+        return 100.0
+    if Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        return float(Path(f"/sys/fs/cgroup{group}/cpu.weight").read_text())
+    return round(int(Path(f"/sys/fs/cgroup/cpu{group}/cpu.shares").read_text()) / 10.24, 1)
+
+
+def engine_cpu_weight(pid_file: Path = Path("/var/run/docker.pid")) -> float | None:
+    """The CPU weight of this machine's dockerd (scripts/start-dockerd.sh gives it 10); None for an engine
+    elsewhere."""
+    with contextlib.suppress(OSError, ValueError):
+        return cpu_weight(cpu_cgroup(int(pid_file.read_text())))
+    return None
 
 
 def warn_if_busy(machine: dict[str, Any]) -> None:

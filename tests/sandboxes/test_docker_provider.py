@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import docker
 import docker.errors
 import pytest
 
+from bench.common.machine import cpu_cgroup, cpu_weight
 from sandboxes.providers import get_provider
 from sandboxes.providers.base import Provider, Resources, SandboxError, SandboxGone, ToolFailed
 from sandboxes.providers.docker import DockerProvider
+from tests.conftest import require
 
 from .conftest import Sandbox, provisioned, sandbox_resources
 from .toolset_behaviour import ToolsetBehaviour
@@ -163,3 +167,24 @@ def test_an_unreachable_engine_is_a_sandbox_error_saying_so() -> None:
         unreachable.provision(Resources())
     with pytest.raises(SandboxError, match="not reachable"):
         unreachable.execute("0" * 64, "bash", {"command": "true"})
+
+
+def test_the_engine_yields_the_cpu_to_the_platform(sandbox: Sandbox, api: Any) -> None:
+    """scripts/start-dockerd.sh runs the engine in a cgroup of low CPU weight: dockerd, containerd and the shim
+    that started this sandbox's container (a start's and a removal's work); the sandbox's own processes stay
+    in the group Docker gives them, with a process's weight."""
+    pid_file = Path(os.environ.get("DOCKERD_PIDFILE", "/var/run/docker.pid"))
+    dockerd = int(pid_file.read_text()) if pid_file.is_file() else 0
+    require(
+        dockerd > 0 and Path(f"/proc/{dockerd}").is_dir(),
+        f"the Docker engine is not a dockerd of this machine started by scripts/start-dockerd.sh ({pid_file})",
+    )
+    engine = cpu_cgroup(dockerd)
+    assert engine.rstrip("/").endswith("/workbench-engine"), f"dockerd is in the cpu cgroup {engine}"
+    assert cpu_weight(engine) == pytest.approx(10, abs=0.5)
+    init = api.inspect_container(sandbox.handle)["State"]["Pid"]
+    shim = int(Path(f"/proc/{init}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    assert "containerd-shim" in Path(f"/proc/{shim}/cmdline").read_text()
+    assert cpu_cgroup(shim) == engine
+    assert cpu_cgroup(init) != engine
+    assert cpu_weight(cpu_cgroup(init)) >= 100

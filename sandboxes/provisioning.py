@@ -13,7 +13,7 @@ from typing import Any
 from django.conf import settings
 
 from sandboxes.models import Environment, Sandbox
-from sandboxes.providers import EgressRoute, Provider, Resources, get_provider
+from sandboxes.providers import DEPLOYMENT_LABEL, EgressRoute, Provider, Resources, get_provider
 
 logger = logging.getLogger(__name__)
 # Where the sandbox finds the CA bundle that trusts the egress proxy, and every variable that tells a
@@ -133,7 +133,7 @@ def resources_for(environment: Environment, sandbox: Sandbox) -> Resources:
     labels = {
         "workbench.sandbox": sandbox.id,
         "workbench.environment": environment.id,
-        "workbench.deployment": settings.WORKBENCH_DEPLOYMENT,
+        DEPLOYMENT_LABEL: settings.WORKBENCH_DEPLOYMENT,
     }
     disk_mb = min(limits.get("disk_mb") or settings.SANDBOX_DISK_MB, settings.SANDBOX_MAX_DISK_MB)
     # A sandbox reaches the outside only through the egress proxy: on docker, with SANDBOX_EGRESS on. The

@@ -42,7 +42,7 @@ from kernel.api.validation import expect, no_unknown_fields, text
 from kernel.egress import harness_proxied, harness_proxy_url
 from kernel.errors import Invalid
 from sandboxes import mirrors
-from sandboxes.providers import SandboxError, ToolFailed, ToolInputError, get_provider
+from sandboxes.providers import DEPLOYMENT_LABEL, SandboxError, ToolFailed, ToolInputError, get_provider
 from sessions import events
 
 logger = logging.getLogger(__name__)
@@ -589,7 +589,7 @@ def _made_image(key: tuple[str, str, str], family: str, archive: bytes) -> None:
     provider_name, base, name = key
     try:
         provider: Any = get_provider(provider_name)  # the docker provider: the one with "checkout_image"
-        scope = {"workbench.deployment": settings.WORKBENCH_DEPLOYMENT}  # an engine may serve others too
+        scope = {DEPLOYMENT_LABEL: settings.WORKBENCH_DEPLOYMENT}
         provider.make_checkout_image(
             base, name, family, archive, scope=scope, most=settings.CHECKOUT_IMAGES_MAX
         )

@@ -23,9 +23,13 @@ from .base import (
 )
 
 PROVIDERS = ("docker", "local")
+# The label naming the deployment (WORKBENCH_DEPLOYMENT) that made a sandbox or a checkout image: an engine may
+# serve others too, and a deployment reaps, caps and removes only its own.
+DEPLOYMENT_LABEL = "workbench.deployment"
 
 __all__ = [
     "PROVIDERS",
+    "DEPLOYMENT_LABEL",
     "Cancelled",
     "EgressRoute",
     "Provider",
@@ -66,7 +70,5 @@ def held_by(
         except (SandboxError, OSError) as error:
             logger.info("provider %s unavailable: %s", name, error)
             continue
-        mine = {
-            h: labels for h, labels in handles.items() if labels.get("workbench.deployment") == deployment
-        }
+        mine = {h: labels for h, labels in handles.items() if labels.get(DEPLOYMENT_LABEL) == deployment}
         yield provider, mine

@@ -79,13 +79,19 @@ cpu_cgroup_of() {
 # Move a running engine (dockerd from the pid file, its containerd, their containers' shims) into the group,
 # if it is in the root cgroup: one a service manager placed is left where it is.
 adopt_engine() {
-    local group=$1 dockerd pid
+    local group=$1 dockerd pid moved=0 stuck=()
     dockerd=$(cat "$pid_file" 2>/dev/null) && kill -0 "$dockerd" 2>/dev/null || return 0
     [[ $(cpu_cgroup_of "$dockerd") == / ]] || return 0
     for pid in "$dockerd" $(pgrep -P "$dockerd" -x containerd) $(pgrep -f 'containerd-shim.*-namespace moby'); do
-        [[ $(cpu_cgroup_of "$pid") == / ]] && echo "$pid" >"$group/cgroup.procs" 2>/dev/null || true
+        [[ $(cpu_cgroup_of "$pid") == / ]] || continue
+        if echo "$pid" >"$group/cgroup.procs" 2>/dev/null; then
+            moved=$((moved + 1))
+        elif kill -0 "$pid" 2>/dev/null; then # one that ended meanwhile is no failure
+            stuck+=("$pid")
+        fi
     done
-    say "moved the running engine into the CPU cgroup $group (weight $cpu_weight)"
+    say "moved the running engine ($moved processes) into the CPU cgroup $group (weight $cpu_weight)"
+    ((${#stuck[@]} == 0)) || say "could not move process(es) ${stuck[*]} there: they keep the CPU weight of the root cgroup"
 }
 
 cpu_group=$(engine_group)

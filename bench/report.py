@@ -228,6 +228,15 @@ def render_sandboxes(data: dict[str, Any]) -> tuple[list[str], int, int]:
         by_name.get("docker: execute bash (echo hi)"),
     )
     out = md_table(["measurement", "n", "p50 ms", "p95 ms", "target", "result"], rows)
+    before = "docker, before toolbox images (the toolbox copied in at each start)"
+    for what in ("cold provision", "machine CPU per sandbox (provision, one call, terminate)"):
+        new, old = by_name.get(f"docker: {what}"), by_name.get(f"{before}: {what}")
+        if new and old:
+            out += [
+                f"{what}, from the toolbox image over copying the toolbox in, ratio of p50s (samples taken in "
+                f"turn): {new['p50_ms'] / old['p50_ms']:.2f}.",
+                "",
+            ]
     if raw and execute:
         out += [
             f"`execute` over a raw `docker exec`, ratio of p50s: {execute['p50_ms'] / raw['p50_ms']:.2f}.",

@@ -4,7 +4,9 @@
 
 Prints a table and writes bench/results/sandboxes.json and sandboxes.png (sandboxes-quick.* with --quick).
 
-- cold provision: `provision()` of a new container from the image (no pool), p50/p95;
+- cold provision: `provision()` of a new container from the image (no pool), p50/p95; its samples taken in
+  turn with those of the way sandboxes started before toolbox images (the toolbox copied into each container
+  before its start), whose rows follow;
 - provision to first result: `provision()` then the first `execute` of `echo hi` returning;
 - machine CPU per sandbox: the CPU the whole machine spent (not idle, not waiting on I/O) over one sandbox's
   provision, first call and terminate, whoever spent it (the engine, the kernel, this client): what starting
@@ -50,6 +52,7 @@ from bench.common.machine import busy_cpu_seconds, machine_info  # noqa: E402
 from bench.common.results import publish, pyplot, run, save_figure, stem  # noqa: E402
 from sandboxes.providers.base import Provider, Resources  # noqa: E402
 from sandboxes.providers.docker import DockerProvider  # noqa: E402
+from sandboxes.toolbox.bundle import archive  # noqa: E402
 
 LABELS = {"workbench.sandbox": "bench", "workbench.bench": "sandboxes"}
 TARGET_PROVISION_P50_MS = 500.0
@@ -92,27 +95,53 @@ def timed_row(
     return row
 
 
-def provision_rows(provider: Provider, label: str, *, samples: int) -> list[Row]:
-    cold = Row(
-        f"{label}: cold provision", target_p50_ms=TARGET_PROVISION_P50_MS if label == "docker" else None
-    )
-    first = Row(f"{label}: provision to first result")
-    # The whole machine's CPU, not the wall clock: on Docker the engine and the kernel work for each sandbox
-    # (its layers, cgroup and namespaces made and removed) in processes and threads that are not ours.
-    cpu = Row(f"{label}: machine CPU per sandbox (provision, one call, terminate)")
+class ToolboxCopiedAtStart(DockerProvider):
+    """Sandboxes as they started before toolbox images: from the sandbox's image itself, the toolbox copied
+    into each container before its start (the engine's tar helper, a new dockerd process, each time)."""
+
+    def toolbox_image(self, image: str) -> str:
+        return str(self._inspect_image(image)["Id"])
+
+    def _start(self, handle: str) -> None:
+        self.api.put_archive(handle, "/", archive())
+        super()._start(handle)
+
+
+def provision_rows(
+    provider: Provider, label: str, *, samples: int, baseline: tuple[Provider, str] | None = None
+) -> list[Row]:
+    """Provisioning's rows for `provider`, and for `baseline` (another provider and its label) with samples
+    taken in turn with the first's, so that the machine's noise falls on both alike."""
+    measured = [(provider, label)] + ([baseline] if baseline else [])
+    rows = {
+        name: (
+            Row(
+                f"{name}: cold provision", target_p50_ms=TARGET_PROVISION_P50_MS if name == "docker" else None
+            ),
+            Row(f"{name}: provision to first result"),
+            # The whole machine's CPU, not the wall clock: on Docker the engine and the kernel work for each
+            # sandbox (its layers, cgroup and namespaces made and removed) in processes that are not ours.
+            Row(f"{name}: machine CPU per sandbox (provision, one call, terminate)"),
+        )
+        for _, name in measured
+    }
+    for each in measured:  # one unmeasured, to make what a first sandbox makes (the toolbox image)
+        each[0].terminate(each[0].provision(Resources(labels=LABELS)))
     for _ in range(samples):
-        spent, started = busy_cpu_seconds(), time.perf_counter()
-        handle = provider.provision(Resources(labels=LABELS))
-        provisioned = time.perf_counter()
-        try:
-            provider.execute(handle, "bash", {"command": "echo hi"})
-            answered = time.perf_counter()
-        finally:
-            provider.terminate(handle)
-        cpu.samples_ms.append((busy_cpu_seconds() - spent) * 1000)
-        cold.samples_ms.append((provisioned - started) * 1000)
-        first.samples_ms.append((answered - started) * 1000)
-    return [cold, first, cpu]
+        for each, name in measured:
+            cold, first, cpu = rows[name]
+            spent, started = busy_cpu_seconds(), time.perf_counter()
+            handle = each.provision(Resources(labels=LABELS))
+            provisioned = time.perf_counter()
+            try:
+                each.execute(handle, "bash", {"command": "echo hi"})
+                answered = time.perf_counter()
+            finally:
+                each.terminate(handle)
+            cpu.samples_ms.append((busy_cpu_seconds() - spent) * 1000)
+            cold.samples_ms.append((provisioned - started) * 1000)
+            first.samples_ms.append((answered - started) * 1000)
+    return [row for _, name in measured for row in rows[name]]
 
 
 def docker_call_rows(provider: DockerProvider, *, samples: int) -> list[Row]:
@@ -184,7 +213,11 @@ def run_rows(
     rows: list[Row] = []
     docker_provider = docker_available()
     if docker_provider is not None:
-        rows += provision_rows(docker_provider, "docker", samples=provisions)
+        before = (
+            ToolboxCopiedAtStart(),
+            "docker, before toolbox images (the toolbox copied in at each start)",
+        )
+        rows += provision_rows(docker_provider, "docker", samples=provisions, baseline=before)
         rows += docker_call_rows(docker_provider, samples=calls)
     local_provider = local_available()
     if local_provider is not None:

@@ -31,6 +31,7 @@ import docker.types
 import requests.exceptions
 
 from sandboxes.toolbox.bundle import CLIENT_COMMAND, SANDBOX_PARENT, SUPERVISOR_COMMAND, archive
+from sandboxes.toolbox.bundle import digest as toolbox_digest
 from sandboxes.toolbox.disk import DISK_MB_ENV
 from sandboxes.toolbox.procs import PIDS_LIMIT_ENV
 
@@ -59,9 +60,17 @@ CHECKOUT_MADE_LABEL = "workbench.checkout.made"
 CHECKOUT_HELPER = "workbench-checkout-helper-"
 CHECKOUT_IMAGES_KEPT = 4
 CHECKOUT_HELPER_STALE_S = 600
+# Toolbox images (`toolbox_image`): their repository, labels, helper containers' name, and how many are kept.
+TOOLBOX_IMAGE = "workbench-toolbox"
+TOOLBOX_LABEL = "workbench.toolbox"  # the toolbox's digest, on every image that holds it
+TOOLBOX_BASE_LABEL = "workbench.toolbox.base"  # the image a toolbox image was made from
+TOOLBOX_MADE_LABEL = "workbench.toolbox.made"
+TOOLBOX_HELPER = "workbench-toolbox-helper-"
+TOOLBOX_IMAGES_KEPT = 8
 # The networks this process has made sure of (created, internal, firewalled): checked once per process.
 _prepared: set[str] = set()
 _preparing = threading.Lock()
+_making_toolbox_image = threading.Lock()
 
 
 class DockerProvider:
@@ -83,8 +92,8 @@ class DockerProvider:
     # -- lifecycle
 
     def provision(self, resources: Resources) -> str:
-        """Create and start the container; the toolbox daemon starts with it, and the first call waits
-        for it (well under a second)."""
+        """Create and start the container from the image's toolbox image; the toolbox daemon starts with it,
+        and the first call waits for it (well under a second)."""
         network = "bridge" if resources.network else "none"
         binds: dict[str, dict[str, str]] | None = None
         dns: list[str] | None = None
@@ -100,6 +109,7 @@ class DockerProvider:
             # Names are the proxy's to resolve; the engine's resolver gets no server to forward to.
             dns = ["127.0.0.1"]
         with self._engine():
+            image = self.toolbox_image(resources.image)
             host_config = self.api.create_host_config(
                 cap_drop=["ALL"],
                 cap_add=CAPABILITIES,
@@ -116,7 +126,7 @@ class DockerProvider:
             )
             try:
                 container = self.api.create_container(
-                    resources.image,
+                    image,
                     entrypoint=[],  # the image's own, if it has one, would be handed our command as arguments
                     command=CONTAINER_COMMAND,
                     user=CONTAINER_USER,
@@ -130,11 +140,6 @@ class DockerProvider:
                     labels={**resources.labels, MANAGED_LABEL: "true"},
                     host_config=host_config,
                 )
-            except docker.errors.ImageNotFound:
-                raise SandboxError(
-                    f"the image {resources.image} is not on the Docker engine: build it with "
-                    "`make image` (scripts/build-image.sh)"
-                ) from None
             except docker.errors.APIError as error:
                 if resources.disk_mb and "storage" in str(error.explanation).lower():
                     raise SandboxError(
@@ -146,13 +151,85 @@ class DockerProvider:
         handle: str = container["Id"]
         try:
             with self._engine(handle):
-                self.api.put_archive(handle, "/", archive())
-                self.api.start(handle)
+                self._start(handle)
         except BaseException:
             with contextlib.suppress(SandboxError):
                 self.terminate(handle)
             raise
         return handle
+
+    def _start(self, handle: str) -> None:
+        self.api.start(handle)
+
+    # -- toolbox images: a sandbox image with the toolbox in it
+    #
+    # Copying the toolbox into each new container cost the engine a run of its tar helper (a new dockerd
+    # process) and the copy: ~70 ms of CPU and as much of the sandbox's start on this 2-core machine. Put once
+    # into an image made from the sandbox's image, it costs nothing per container. An image that holds this
+    # toolbox already (its label says so: a toolbox image, a checkout image made from one, a snapshot of a
+    # sandbox) is used as it is; the toolbox's folder is root's in a sandbox, so no sandbox changes it.
+
+    def toolbox_image(self, image: str) -> str:
+        """The id of an image that is `image` with this toolbox in it, made once (the toolbox's and the image's
+        versions name it) if the engine has none yet."""
+        base = self._inspect_image(image)
+        if (base["Config"].get("Labels") or {}).get(TOOLBOX_LABEL) == toolbox_digest():
+            return str(base["Id"])
+        key = _digest(f"{base['Id']}\n{toolbox_digest()}")
+        if found := self._made_toolbox_image(key, base["Id"]):
+            return found
+        with _making_toolbox_image:  # this process's threads make it once; another process may make its own
+            if found := self._made_toolbox_image(key, base["Id"]):
+                return found
+            return self._make_toolbox_image(key, base["Id"])
+
+    def _made_toolbox_image(self, key: str, base_id: str) -> str | None:
+        try:
+            made = self.api.inspect_image(f"{TOOLBOX_IMAGE}:{key[:40]}")
+        except docker.errors.ImageNotFound:
+            return None
+        return (
+            str(made["Id"])
+            if (made["Config"].get("Labels") or {}).get(TOOLBOX_BASE_LABEL) == base_id
+            else None
+        )
+
+    def _make_toolbox_image(self, key: str, base_id: str) -> str:
+        labels = {
+            TOOLBOX_LABEL: toolbox_digest(),
+            TOOLBOX_BASE_LABEL: base_id,
+            TOOLBOX_MADE_LABEL: str(time.time_ns()),
+        }
+        # Never started: its command and entrypoint are no sandbox's, which sets its own.
+        helper = self.api.create_container(
+            base_id, entrypoint=[], command=["/bin/true"], labels=labels, name=f"{TOOLBOX_HELPER}{_tag()}"
+        )
+        try:
+            self.api.put_archive(helper["Id"], "/", archive())
+            made_id = str(self.api.commit(helper["Id"], repository=TOOLBOX_IMAGE, tag=key[:40])["Id"])
+        finally:
+            self.api.remove_container(helper["Id"], force=True, v=True)
+        self._prune_toolbox_images()
+        return made_id
+
+    def _prune_toolbox_images(self) -> None:
+        """Keep the TOOLBOX_IMAGES_KEPT toolbox images made last (a new toolbox, or a rebuilt sandbox image,
+        makes new ones); one a sandbox, checkout image or snapshot still uses stays until it does not."""
+        made = self.api.images(filters={"reference": TOOLBOX_IMAGE})
+        made.sort(key=lambda image: int((image.get("Labels") or {}).get(TOOLBOX_MADE_LABEL, 0)), reverse=True)
+        # Two processes that made one at once made two: the first lost its tag, and goes with the old ones.
+        untagged = [
+            image
+            for image in self.api.images(filters={"label": TOOLBOX_BASE_LABEL, "dangling": True})
+            if image.get("ParentId") == (image.get("Labels") or {}).get(TOOLBOX_BASE_LABEL)
+        ]
+        for image in made[TOOLBOX_IMAGES_KEPT:] + untagged:
+            with contextlib.suppress(docker.errors.APIError):  # 409: in use, or the parent of another image
+                self.api.remove_image(image["Id"])
+        for helper in self.api.containers(all=True, filters={"name": TOOLBOX_HELPER}):
+            if helper["Created"] < time.time() - CHECKOUT_HELPER_STALE_S:
+                with contextlib.suppress(docker.errors.APIError):
+                    self.api.remove_container(helper["Id"], force=True, v=True)
 
     # -- checkout images: a sandbox image with a repository's checkout already in it (sandboxes/repositories.py)
     #
@@ -170,7 +247,7 @@ class DockerProvider:
     def checkout_image(self, base: str, name: str) -> str | None:
         """The id of the checkout image made as `name` from the image `base` (as it is now), or None."""
         with self._engine():
-            key = _digest(f"{name}\n{self._image_id(base)}")
+            key = _digest(f"{name}\n{self.toolbox_image(base)}")
             found = self.api.images(filters={"label": f"{CHECKOUT_LABEL}={key}"})
         return str(found[0]["Id"]) if found else None
 
@@ -184,15 +261,15 @@ class DockerProvider:
         scope: dict[str, str] | None = None,
         most: int | None = None,
     ) -> str:
-        """Make the checkout image `name` of `family`: the image `base` with `archive` (a tar relative to the
-        workspace, owned by the sandbox user) unpacked into the workspace; keep the CHECKOUT_IMAGES_KEPT of the
-        family made last and, of those labelled with `scope` (as this one is), the `most` made last, whatever
+        """Make the checkout image `name` of `family`: the image `base` (its toolbox image) with `archive` (a tar
+        relative to the workspace, owned by the sandbox user) unpacked into the workspace; keep the
+        CHECKOUT_IMAGES_KEPT of the family made last and, of those labelled with `scope` (as this one is), the `most` made last, whatever
         their family: repositories no session clones any more do not keep theirs for ever. Returns its id (an
         existing one's if it was made already)."""
         if made := self.checkout_image(base, name):
             return made
         with self._engine():
-            base_id = self._image_id(base)
+            base_id = self.toolbox_image(base)
             key = _digest(f"{name}\n{base_id}")
             labels = {
                 **(scope or {}),
@@ -243,9 +320,9 @@ class DockerProvider:
                 with contextlib.suppress(docker.errors.APIError):
                     self.api.remove_container(helper["Id"], force=True, v=True)
 
-    def _image_id(self, image: str) -> str:
+    def _inspect_image(self, image: str) -> dict[str, Any]:
         try:
-            return str(self.api.inspect_image(image)["Id"])
+            return dict(self.api.inspect_image(image))
         except docker.errors.ImageNotFound:
             raise SandboxError(
                 f"the image {image} is not on the Docker engine: build it with `make image` (scripts/build-image.sh)"

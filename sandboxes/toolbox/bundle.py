@@ -1,8 +1,10 @@
-"""The toolbox as the host copies it into a sandbox (docker's put_archive; the local provider binds it)."""
+"""The toolbox as the host puts it into a sandbox (docker: once into an image each sandbox starts from; the local
+provider binds it)."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import tarfile
 from pathlib import Path
@@ -23,6 +25,12 @@ CLIENT_COMMAND = ["python3", "-I", "-S", CLIENT]
 
 def source_files() -> list[Path]:
     return sorted(SOURCE_DIR.glob("*.py"))
+
+
+@functools.cache
+def digest() -> str:
+    """What identifies this toolbox (the archive is the same bytes in every process: no times, fixed owners)."""
+    return hashlib.sha256(archive()).hexdigest()[:32]
 
 
 @functools.cache

@@ -165,7 +165,9 @@ def test_a_session_the_remote_refuses_never_starts_from_the_checkout_image(tmp_p
         with fake_door("ghs_not_the_token", session=OTHER_SESSION) as door, through(door):
             refused = start(resources, session_id=OTHER_SESSION)
     assert refused.image == IMAGE and refused.ahead.in_image is None
-    assert from_image(provider, refused) == provider.api.inspect_image(IMAGE)["Id"]
+    assert from_image(provider, refused) == provider.toolbox_image(
+        IMAGE
+    )  # the sandbox image, with the toolbox
     [error] = refused.events
     assert error["error"]["type"] == "repository_authentication_error", error
     assert refused.box.bash("ls -A /workspace").strip() == ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -14,12 +15,15 @@ import docker.errors
 import pytest
 
 from bench.common.machine import cpu_cgroup, cpu_weight
+from sandboxes.providers import docker as docker_provider_module
 from sandboxes.providers import get_provider
 from sandboxes.providers.base import Provider, Resources, SandboxError, SandboxGone, ToolFailed
-from sandboxes.providers.docker import DockerProvider
+from sandboxes.providers.docker import TOOLBOX_BASE_LABEL, TOOLBOX_IMAGE, TOOLBOX_LABEL, DockerProvider
+from sandboxes.toolbox.bundle import digest as toolbox_digest
+from sandboxes.toolbox.bundle import source_files
 from tests.conftest import require
 
-from .conftest import Sandbox, provisioned, sandbox_resources
+from .conftest import IMAGE, Sandbox, provisioned, sandbox_resources
 from .toolset_behaviour import ToolsetBehaviour
 
 
@@ -152,6 +156,69 @@ def test_an_image_with_its_own_entrypoint_still_starts_the_sandbox(
         if other is not None:
             provider.terminate(other.handle)
         api.remove_image(image["Id"], force=True)
+
+
+def test_sandboxes_start_from_a_toolbox_image_made_once(
+    provider: DockerProvider, api: Any, monkeypatch
+) -> None:
+    """The toolbox goes into an image made from the sandbox's image once, not into each container: a new
+    sandbox starts from that image without anything copied in, and works."""
+    made = provider.toolbox_image(IMAGE)
+    labels = api.inspect_image(made)["Config"]["Labels"]
+    assert labels[TOOLBOX_LABEL] == toolbox_digest()
+    assert labels[TOOLBOX_BASE_LABEL] == api.inspect_image(IMAGE)["Id"] != made
+
+    def no_copy(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a sandbox had something copied into it at its start")
+
+    monkeypatch.setattr(api, "put_archive", no_copy)
+    monkeypatch.setattr(api, "commit", no_copy)
+    sandbox = Sandbox(provider, provider.provision(sandbox_resources()))
+    try:
+        assert api.inspect_container(sandbox.handle)["Image"] == made
+        assert (
+            sandbox.bash("echo hi; ls /opt/workbench/toolbox | grep -c py$") == f"hi\n{len(source_files())}"
+        )
+        # A snapshot of a sandbox holds the toolbox (its folder is root's): it is a toolbox image as it is.
+        monkeypatch.undo()
+        snapshot = provider.snapshot(
+            sandbox.handle, tag=f"workbench-snapshot-test:toolbox-{sandbox.handle[:12]}"
+        )
+        try:
+            assert provider.toolbox_image(snapshot) == api.inspect_image(snapshot)["Id"]
+        finally:
+            api.remove_image(snapshot, force=True)
+    finally:
+        provider.terminate(sandbox.handle)
+
+
+def test_another_toolbox_gets_its_own_toolbox_images_and_old_ones_go(
+    provider: DockerProvider, api: Any, monkeypatch
+) -> None:
+    """A new version of the toolbox (or a rebuilt sandbox image) makes a new toolbox image, and a sandbox
+    starts from it; of the toolbox images, the TOOLBOX_IMAGES_KEPT made last stay, and one a sandbox runs
+    from stays while it does."""
+    run = time.time_ns()
+    monkeypatch.setattr(docker_provider_module, "TOOLBOX_IMAGES_KEPT", 2)
+    made = []
+    running = None
+    try:
+        for n in range(4):
+            monkeypatch.setattr(docker_provider_module, "toolbox_digest", lambda n=n: f"test-{run}-{n}")
+            made.append(provider.toolbox_image(IMAGE))
+            if n == 0:
+                running = Sandbox(provider, provider.provision(sandbox_resources()))
+                assert api.inspect_container(running.handle)["Image"] == made[0]
+                assert running.bash("echo hi") == "hi"
+        assert len(set(made)) == 4
+        left = {image["Id"] for image in api.images(filters={"reference": TOOLBOX_IMAGE})}
+        assert made[0] in left and made[1] not in left and {made[2], made[3]} <= left
+    finally:
+        if running is not None:
+            provider.terminate(running.handle)
+        for image in made:
+            with contextlib.suppress(docker.errors.APIError):
+                api.remove_image(image, force=True)
 
 
 def test_a_missing_image_is_a_sandbox_error_that_says_how_to_build_it(provider: Provider) -> None:

@@ -221,6 +221,24 @@ def test_another_toolbox_gets_its_own_toolbox_images_and_old_ones_go(
                 api.remove_image(image, force=True)
 
 
+def test_of_one_toolbox_image_made_twice_at_once_the_one_that_lost_its_tag_goes(
+    provider: DockerProvider, api: Any
+) -> None:
+    """Two processes that make the same toolbox image at once both commit one, and the second takes the tag:
+    the first, untagged and unused, goes with the second's prune."""
+    base = api.inspect_image(IMAGE)["Id"]
+    key = f"test-race-{time.time_ns()}"
+    first = provider._make_toolbox_image(key, base)
+    second = provider._make_toolbox_image(key, base)
+    try:
+        left = {image["Id"] for image in api.images(all=True)}
+        assert first != second and second in left and first not in left
+    finally:
+        for image in (first, second):
+            with contextlib.suppress(docker.errors.APIError):
+                api.remove_image(image, force=True)
+
+
 def test_a_missing_image_is_a_sandbox_error_that_says_how_to_build_it(provider: Provider) -> None:
     with pytest.raises(SandboxError, match="make image"):
         provider.provision(Resources(image="workbench-sandbox:absent", labels={"workbench.test": "x"}))

@@ -164,8 +164,9 @@ class DockerProvider:
     # -- toolbox images: a sandbox image with the toolbox in it
     #
     # Copying the toolbox into each new container cost the engine a run of its tar helper (a new dockerd
-    # process) and the copy: ~70 ms of CPU and as much of the sandbox's start on this 2-core machine. Put once
-    # into an image made from the sandbox's image, it costs nothing per container. An image that holds this
+    # process) and the copy: 50-60 ms of the machine's CPU and 25-50 ms of the sandbox's start on a 2-core
+    # machine (bench/sandboxes, side by side). Put once into an image made from the sandbox's image, it costs
+    # nothing per container. An image that holds this
     # toolbox already (its label says so: a toolbox image, a checkout image made from one, a snapshot of a
     # sandbox) is used as it is; the toolbox's folder is root's in a sandbox, so no sandbox changes it.
 

@@ -166,9 +166,9 @@ class DockerProvider:
     # Copying the toolbox into each new container cost the engine a run of its tar helper (a new dockerd
     # process) and the copy: 50-60 ms of the machine's CPU and 25-50 ms of the sandbox's start on a 2-core
     # machine (bench/sandboxes, side by side). Put once into an image made from the sandbox's image, it costs
-    # nothing per container. An image that holds this
-    # toolbox already (its label says so: a toolbox image, a checkout image made from one, a snapshot of a
-    # sandbox) is used as it is; the toolbox's folder is root's in a sandbox, so no sandbox changes it.
+    # nothing per container. An image that holds this toolbox already (its label says so: a toolbox image, a
+    # checkout image made from one, a snapshot of a sandbox) is used as it is; the toolbox's folder is root's
+    # in a sandbox, so no sandbox changes it.
 
     def toolbox_image(self, image: str) -> str:
         """The id of an image that is `image` with this toolbox in it, made once (the toolbox's and the image's
@@ -227,10 +227,7 @@ class DockerProvider:
         for image in made[TOOLBOX_IMAGES_KEPT:] + untagged:
             with contextlib.suppress(docker.errors.APIError):  # 409: in use, or the parent of another image
                 self.api.remove_image(image["Id"])
-        for helper in self.api.containers(all=True, filters={"name": TOOLBOX_HELPER}):
-            if helper["Created"] < time.time() - CHECKOUT_HELPER_STALE_S:
-                with contextlib.suppress(docker.errors.APIError):
-                    self.api.remove_container(helper["Id"], force=True, v=True)
+        self._remove_stale_helpers(TOOLBOX_HELPER)
 
     # -- checkout images: a sandbox image with a repository's checkout already in it (sandboxes/repositories.py)
     #
@@ -315,8 +312,12 @@ class DockerProvider:
             except docker.errors.APIError as error:
                 if error.status_code not in (404, 409):  # 409: a sandbox runs from it still; a later prune
                     raise
-        # A helper outlives its make only if the worker died midway: it never ran, and holds disk alone.
-        for helper in self.api.containers(all=True, filters={"name": CHECKOUT_HELPER}):
+        self._remove_stale_helpers(CHECKOUT_HELPER)
+
+    def _remove_stale_helpers(self, prefix: str) -> None:
+        """A helper container (named `prefix`...) outlives its image's make only if its process died midway: it
+        never ran, and holds disk alone."""
+        for helper in self.api.containers(all=True, filters={"name": prefix}):
             if helper["Created"] < time.time() - CHECKOUT_HELPER_STALE_S:
                 with contextlib.suppress(docker.errors.APIError):
                     self.api.remove_container(helper["Id"], force=True, v=True)

@@ -103,6 +103,7 @@ USER_MESSAGE = (
 REPO_MOUNT = "/workspace/repo"
 TOOL_MESSAGE = f"/bash git -C {REPO_MOUNT} rev-parse HEAD"
 BACKGROUND_STARTING = 4  # background sessions getting their first sandbox and clone at once
+CLIENT_THREADS = 64  # the client's threads for database reads, sandbox removals, polls; its pool
 BACKGROUND_THOUGHT = (
     "The failing check points at the request parser; I will look at the recent history "
     "and the tree before opening a file, so the change stays small."
@@ -773,6 +774,16 @@ class Run:
 SETTLE_SECONDS = 120.0  # how long a session's facts wait for its provisioning ahead to end
 
 
+def client_pool(connection: Any) -> None:
+    """The client's database pool as large as its threads: each keeps the connection it opened, and with
+    fewer (DATABASE_POOL_MAX, 40, is sized for a worker) a loaded run's 41st waited 30 s and failed its
+    session with "couldn't get a connection"."""
+    pool = connection.settings_dict.get("OPTIONS", {}).get("pool")
+    if isinstance(pool, dict) and pool.get("max_size", 0) < CLIENT_THREADS:
+        connection.close_pool()
+        pool["max_size"] = CLIENT_THREADS
+
+
 def settled(session_id: str) -> bool:
     """Wait until no sandbox of the session is still provisioning (the model may answer without a tool before
     its provisioning ahead ends); whether none is. Its facts (the checkout image) are read after, and only
@@ -1139,7 +1150,7 @@ async def drive(
 ) -> Run:
     loop = asyncio.get_running_loop()
     # Database reads, sandbox removals and polls run in threads; the default pool (a few threads) would queue them.
-    loop.set_default_executor(ThreadPoolExecutor(max_workers=64, thread_name_prefix="ttft"))
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=CLIENT_THREADS, thread_name_prefix="ttft"))
     main_task = asyncio.current_task()
     assert main_task is not None
     interrupted = []
@@ -1266,9 +1277,10 @@ def main(argv: list[str] | None = None) -> int:
             partial.with_suffix(".tmp").write_text(json.dumps(state) + "\n")
             partial.with_suffix(".tmp").replace(partial)
 
-        from django.db import connections
+        from django.db import connection, connections
 
         connections.close_all()  # the client's threads open their own
+        client_pool(connection)
         cpu = functools.partial(system.cpu_seconds, PARTS)
         measured = asyncio.run(drive(plan, base_url, key, repo, model_url, cpu, checkpoint))
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # asyncio put back the default

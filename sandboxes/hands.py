@@ -276,10 +276,20 @@ def sandbox_provision_ahead(session_id: str, *, always: bool, emit: Emit) -> San
         return None
     if held(session_id):
         return None
+    if (starting := provisionings_in_flight()) >= settings.SPECULATIVE_MAX_IN_FLIGHT:
+        # Optional work is what goes first when the engine falls behind: each sandbox started ahead that no
+        # call uses costs the machine about a core-second, and past its capacity they queued for minutes.
+        logger.info("session %s: not provisioning ahead, %d sandboxes are starting", session_id, starting)
+        return None
     try:
         return sandbox_provision(session_id, emit=emit, by_brain=True, speculative=True)
     except Invalid:  # the name or the last place was taken meanwhile: the tool call will say so
         return None
+
+
+def provisionings_in_flight() -> int:
+    """The sandboxes of this deployment being provisioned now, for any session or pool."""
+    return Sandbox.objects.filter(status=Sandbox.Status.PROVISIONING).count()
 
 
 def _used(sandbox: Sandbox) -> None:

@@ -83,6 +83,11 @@ class Sandbox(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
+        indexes = [  # the few being provisioned, counted by each turn that would provision ahead
+            models.Index(
+                fields=["status"], condition=models.Q(status="provisioning"), name="sandbox_provisioning"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.id}, {self.status})"

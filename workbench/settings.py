@@ -255,6 +255,10 @@ SPECULATIVE_PROVISIONING = env("SPECULATIVE_PROVISIONING", default="auto")
 # A sandbox provisioned ahead that no tool call has used yet is reaped once idle this long (or its
 # environment's idle_ttl_seconds, if shorter); once used, it is any other sandbox.
 SPECULATIVE_IDLE_SECONDS = env.int("SPECULATIVE_IDLE_SECONDS", default=300)
+# A turn provisions ahead only while fewer sandboxes than this are being provisioned (for any session or
+# pool): past the engine's capacity, the speculative ones are the work shed, and the first tool call
+# provisions as it would with "never".
+SPECULATIVE_MAX_IN_FLIGHT = env.int("SPECULATIVE_MAX_IN_FLIGHT", default=4)
 
 # What one session's sandboxes may take, installation-wide. An environment asking for more than a maximum
 # is refused with a 400 naming the field and the maximum; a stored value over a maximum lowered later is

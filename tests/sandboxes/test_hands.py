@@ -661,3 +661,28 @@ def test_a_sandbox_provisioned_ahead_that_no_call_uses_is_reaped_after_the_idle_
         assert reap_idle() == [sandbox.id]
     assert not docker_engine.containers.list(all=True, filters={"label": f"workbench.sandbox={sandbox.id}"})
     assert [e.type for e in get_events(session_id)][-1] == "sandbox.terminated"
+
+
+def test_no_sandbox_is_provisioned_ahead_while_as_many_as_the_cap_are_starting(brains, tmp_path):
+    """Provisioning ahead is the work shed when the engine falls behind: while SPECULATIVE_MAX_IN_FLIGHT
+    sandboxes are being provisioned (another session's, here), a turn that would provision ahead does not,
+    and the log shows no sandbox; once that one is no longer starting, the next turn does."""
+    make_repository(tmp_path / "served" / "origin.git", {"README.md": "hello\n"})
+    with (
+        git_http_server(tmp_path / "served") as server,
+        override_settings(REPOSITORY_PLAIN_HOSTS=["127.0.0.1"], SPECULATIVE_MAX_IN_FLIGHT=1),
+    ):
+        session_id = session_with_repository(server)
+        starting = Sandbox.objects.create(
+            environment=Environment.objects.get(id=make_environment()), provider="docker"
+        )
+        turn(session_id, "just talk")
+        assert held(session_id) == []
+        assert not [e for e in get_events(session_id) if e.type.startswith("sandbox.")]
+        Sandbox.objects.filter(id=starting.id).update(status=Sandbox.Status.DEAD)
+        turn(session_id, "just talk again")
+    [sandbox] = held(session_id)
+    assert sandbox.labels["speculative"]
+    assert [e.type for e in get_events(session_id) if e.type.startswith("sandbox.")] == [
+        "sandbox.provisioned"
+    ]

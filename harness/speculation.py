@@ -5,7 +5,9 @@ session's repositories. So when a turn's model request has gone out and the sess
 sandbox, the brain provisions it in a thread beside the request; the first tool call takes it when it is
 ready, or waits only for the rest. The policy is SPECULATIVE_PROVISIONING, or an environment's
 config.sandbox.speculative: "auto" when the agent has the toolset and the session has resources its sandbox
-is prepared with (repositories, files); "always" with the toolset alone; "never".
+is prepared with (repositories, files); "always" with the toolset alone; "never". Whatever the policy, no turn
+provisions ahead while SPECULATIVE_MAX_IN_FLIGHT sandboxes are being provisioned (sandboxes/hands.py): that
+is the work shed first when the engine falls behind.
 
 The thread provisions as the brain, under its lease: the row carries the brain's epoch and the events are
 appended with it, so they are refused once the lease is lost. The brain waits for the thread before any

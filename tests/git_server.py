@@ -117,8 +117,13 @@ def _handler(server: GitServer) -> type[BaseHTTPRequestHandler]:
                 "HTTP_CONTENT_ENCODING": self.headers.get("Content-Encoding", ""),
             }
             output = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True).stdout
-            head, _, payload = output.replace(b"\r\n", b"\n").partition(b"\n\n")
-            headers = [line.split(b":", 1) for line in head.split(b"\n") if b":" in line]
+            # Only the CGI head's line ends are normalised: the payload is binary (a pack), and a CR LF
+            # inside it, rewritten, broke the client's pkt-line framing now and then ("bad line length").
+            end = min((i, len(sep)) for sep in (b"\r\n\r\n", b"\n\n") if (i := output.find(sep)) >= 0)
+            head, payload = output[: end[0]], output[sum(end) :]
+            headers = [
+                line.split(b":", 1) for line in head.replace(b"\r\n", b"\n").split(b"\n") if b":" in line
+            ]
             status = next(
                 (int(value.split()[0]) for name, value in headers if name.lower() == b"status"), 200
             )

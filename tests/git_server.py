@@ -119,8 +119,9 @@ def _handler(server: GitServer) -> type[BaseHTTPRequestHandler]:
             output = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True).stdout
             # Only the CGI head's line ends are normalised: the payload is binary (a pack), and a CR LF
             # inside it, rewritten, broke the client's pkt-line framing now and then ("bad line length").
-            end = min((i, len(sep)) for sep in (b"\r\n\r\n", b"\n\n") if (i := output.find(sep)) >= 0)
-            head, payload = output[: end[0]], output[sum(end) :]
+            head, blank, payload = output.partition(b"\r\n\r\n")
+            if not blank:
+                head, _, payload = output.partition(b"\n\n")
             headers = [
                 line.split(b":", 1) for line in head.replace(b"\r\n", b"\n").split(b"\n") if b":" in line
             ]

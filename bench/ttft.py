@@ -31,9 +31,11 @@ on the platform's share is judged on phase 2.
 Everything is real and local (bench/common/launcher.py): its own PostgreSQL and Redis, migrations, Daphne,
 Celery workers (threads pool) and beat (the sweeper, the reaper, pool maintenance), Docker sandboxes from
 workbench-sandbox:latest, `git daemon` and the offline model in their own processes. Sessions are archived
-and their sandboxes terminated as they finish (once a provisioning ahead that outlived the turns has ended: a
-sandbox's facts, such as whether it started from a checkout image, are read then); at the end every container
-labelled with the run's `workbench.deployment` is removed.
+as they finish (once a provisioning ahead that outlived the turns has ended: a sandbox's facts, such as whether
+it started from a checkout image, are read then) and their sandboxes ended at once as the reaper ends an ended
+session's: terminated, or, provisioned ahead and never used, returned to the environment for the next session
+(sandboxes/returns.py; SPECULATIVE_RETURNED_MAX=0 in the environment turns that off); at the end every
+container labelled with the run's `workbench.deployment` is removed.
 
 Usage: .venv/bin/python -m bench.ttft [--quick] [--per-mode N] [--rate R] [--background N]
        [--platform-sessions N] [--seed S] [--note TEXT] [--logs DIR]
@@ -70,7 +72,7 @@ if str(Path(__file__).resolve().parent.parent) not in sys.path:  # `python bench
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT  # noqa: E402
-from bench.common.app import new_api_key, remove_sandboxes, terminate_sandboxes  # noqa: E402
+from bench.common.app import new_api_key, release_sandboxes, remove_sandboxes  # noqa: E402
 from bench.common.launcher import Launcher  # noqa: E402
 from bench.common.machine import busy, cpu_jiffies, cpu_pressure_us, load_average, machine_info  # noqa: E402
 from bench.common.processes import free_port, wait_until  # noqa: E402
@@ -181,6 +183,7 @@ class Sample:
     provision_ms: float | None = None  # coupled: status_running -> sandbox.provisioned
     clone_ms: float | None = None  # coupled: sandbox.provisioned -> span.model_request_start
     pooled: bool | None = None  # the sandbox came from the warm pool
+    returned: bool = False  # ... from those an earlier session returned unused (sandboxes/returns.py)
     prepared_kept: bool = False  # ... with the repository checked out, and the session kept that checkout
     checkout_image: bool = False  # the sandbox started from an image holding the repository's checkout
     recovered: int = 0  # brain.recovered events: a lease lapsed and the sweeper woke another brain
@@ -545,11 +548,13 @@ class Run:
                     await self.retire(sample.session_id)
 
     async def retire(self, session_id: str) -> None:
-        """Terminate the session's sandboxes and archive it, as an operator would when it is done."""
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.to_thread(terminate_sandboxes, session_id), 120)
+        """Archive the session, as a user would when it is done, and end its sandboxes as the reaper does for an
+        ended session, at once rather than at its next round: one provisioned ahead and never used goes back
+        to its environment for the next session (sandboxes/returns.py), any other is terminated."""
         with contextlib.suppress(Exception):
             await self.api.post(f"/v1/sessions/{session_id}/archive", {})
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.to_thread(release_sandboxes, session_id), 120)
 
     # -- the background of running sessions
 
@@ -820,9 +825,10 @@ def read_log(sample: Sample, posted_wall: float) -> None:
             sample.recovered += 1
         if kind == "sandbox.provisioned" and sample.pooled is None:
             sample.pooled = bool(payload.get("pooled"))
+            sample.returned = bool(payload.get("returned"))
     from sandboxes.models import Sandbox
 
-    if sample.pooled:
+    if sample.pooled or sample.returned:
         sample.prepared_kept = Sandbox.objects.filter(
             session_id=sample.session_id, labels__prepared__kept=True
         ).exists()
@@ -887,7 +893,9 @@ def pool_count(environment_id: str) -> tuple[int, int]:
     """(the environment's pooled sandboxes that are ready, those of them with the repository checked out)."""
     from sandboxes.models import Sandbox
 
-    ready = Sandbox.objects.filter(environment_id=environment_id, session__isnull=True, status="ready")
+    ready = Sandbox.objects.filter(
+        environment_id=environment_id, session__isnull=True, status="ready", labels__pooled=True
+    )
     return ready.count(), ready.filter(labels__has_key="prepared").count()
 
 
@@ -960,6 +968,7 @@ def summarise(samples: list[Sample], plan: Plan) -> list[dict[str, Any]]:
                 "exchange_p50_ms": pct(exchanges, 0.50),
                 "exchange_p95_ms": pct(exchanges, 0.95),
                 "pooled_first_sandboxes": sum(1 for x in ok if x.pooled),
+                "returned_first_sandboxes": sum(1 for x in ok if x.returned),
                 "prepared_checkouts_kept": sum(1 for x in ok if x.prepared_kept),
                 "checkout_images": sum(1 for x in ok if x.checkout_image),
                 "recovered_sessions": sum(1 for x in ok if x.recovered),
@@ -981,7 +990,12 @@ def summarise_platform(samples: list[Sample], plan: Plan) -> dict[str, Any]:
     """Phase 2: decoupled sessions alone beside the running background."""
     failed = sum(1 for x in samples if x.phase == "platform" and (x.errors or x.ttft_ms is None))
     ok = good(samples, "platform", "decoupled")
-    return {**figures(ok, plan), "failed": failed, **parts(ok, plan)}
+    return {
+        **figures(ok, plan),
+        "failed": failed,
+        **parts(ok, plan),
+        "returned_first_sandboxes": sum(1 for x in ok if x.returned),
+    }
 
 
 def goal(target: str, goal: str, measured: str | None, met: bool) -> dict[str, Any]:

@@ -17,7 +17,8 @@ tool) keeps the lease while it runs, watching the log: a user's next message is 
 brain, its model request going out beside the provisioning as the first one did, instead of after it. A brain
 that dies meanwhile leaves what a brain dying in a lazy provisioning leaves: a row the next brain gives up (an
 older epoch's), or a sandbox it uses. One that no tool call ever uses is reaped when idle
-(sandboxes/reaper.py, SPECULATIVE_IDLE_SECONDS).
+(sandboxes/reaper.py, SPECULATIVE_IDLE_SECONDS), or, once its session ended, goes back to its environment for
+the next session with the same resources (sandboxes/returns.py, SPECULATIVE_RETURNED_MAX).
 """
 
 from __future__ import annotations

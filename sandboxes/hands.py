@@ -31,7 +31,8 @@ from sandboxes.providers import (
     ToolInputError,
 )
 from sandboxes.provisioning import provider_name, provider_of, resources_for, session_env
-from sandboxes.repositories import ClonesAhead, checkout_repositories
+from sandboxes.repositories import PREPARED_RESOURCES, ClonesAhead, checkout_repositories
+from sandboxes.returns import give_back, returnable_mark, take_returned
 from sessions import events
 from sessions.models import Session
 from sessions.services import SessionNotFound, emit_event
@@ -60,9 +61,12 @@ def held(session_id: str) -> list[Sandbox]:
 
 
 def _new_sandbox(environment: Environment, *, session: Session, name: str, labels: dict[str, Any]) -> Sandbox:
-    """The session's new hand: one from the environment's warm pool, or a row (provisioning) whose sandbox
-    the caller then starts. Nothing slow: the session's row is locked meanwhile."""
-    pooled = pool_take(environment, session=session, name=name)
+    """The session's new hand: one an earlier session of the environment returned unused
+    (sandboxes/returns.py), one from its warm pool, or a row (provisioning) whose sandbox the caller then
+    starts. Nothing slow: the session's row is locked meanwhile."""
+    pooled = take_returned(environment, session=session, name=name) or pool_take(
+        environment, session=session, name=name
+    )
     if pooled is not None:
         # The brain's epoch, and `speculative` (unused, it is reaped sooner: sandboxes/reaper.py); its idle
         # time runs from the take, not from the refill.
@@ -167,8 +171,9 @@ def sandbox_provision(
         if speculative:
             labels["speculative"] = True
         sandbox = _new_sandbox(session.environment, session=session, name=name, labels=labels)
-    if sandbox.labels.get("from_pool") and sandbox.labels.get("prepared"):
-        _take_prepared(sandbox, session, emit)
+    taken = bool(sandbox.labels.get("from_pool") or sandbox.labels.get("from_returns"))
+    if taken and sandbox.labels.get("prepared"):
+        _take_prepared(sandbox, session, emit, speculative=speculative)
         return sandbox
     ahead = None
     if sandbox.status == Sandbox.Status.PROVISIONING:
@@ -192,18 +197,34 @@ def sandbox_provision(
             raise SandboxError(f"the sandbox {sandbox.id} was given up while it was being provisioned")
         sandbox.handle, sandbox.status = handle, Sandbox.Status.READY
     elif variables := session_env(sandbox):
-        # A pooled sandbox was made for no session: its shell gets this one's variables (placeholders).
-        provider_of(sandbox).reset(sandbox.handle, env=variables)
-    emit(
-        events.sandbox_provisioned(
-            sandbox.id, name, provider=sandbox.provider, pooled=bool(sandbox.labels.get("from_pool"))
-        )
-    )
+        # A pooled or returned sandbox was made for no session (or one gone): its shell gets this one's
+        # variables (placeholders). No call ever ran in it, so no result says the shell is new.
+        provider_of(sandbox).reset(sandbox.handle, env=variables, unused=True)
+    emit(events.sandbox_provisioned(sandbox.id, name, provider=sandbox.provider, **_taken_from(sandbox)))
     if session.resources:
         checkout_repositories(
             provider_of(sandbox), sandbox.handle, session.resources, emit, session_id=session.id, ahead=ahead
         )
+    if speculative and (
+        mark := returnable_mark(session.id, session.resources, ahead.placed if ahead else {})
+    ):
+        _mark_returnable(sandbox, mark)
     return sandbox
+
+
+def _taken_from(sandbox: Sandbox) -> dict[str, bool]:
+    """Where a new hand came from, as its `sandbox.provisioned` event says."""
+    return {
+        "pooled": bool(sandbox.labels.get("from_pool")),
+        "returned": bool(sandbox.labels.get("from_returns")),
+    }
+
+
+def _mark_returnable(sandbox: Sandbox, mark: dict[str, Any]) -> None:
+    """Label a hand provisioned ahead as one that may go back to its environment if no call uses it
+    (sandboxes/returns.py); a hand no longer ready is left as it is."""
+    sandbox.labels = {**sandbox.labels, "returnable": mark}
+    Sandbox.objects.filter(id=sandbox.id, status=Sandbox.Status.READY).update(labels=sandbox.labels)
 
 
 def _started(provider: Provider, resources: Resources, ahead: ClonesAhead | None) -> str:
@@ -219,17 +240,22 @@ def _started(provider: Provider, resources: Resources, ahead: ClonesAhead | None
     return provider.provision(resources)
 
 
-def _take_prepared(sandbox: Sandbox, session: Session, emit: Emit) -> None:
-    """Hand over a pooled sandbox that came with a repository checked out (sandboxes/repositories.py): it was
-    taken provisioning (`_new_sandbox`), so no call, attach, detach or transfer reaches it until the session
-    proved its access to that checkout or the checkout is gone; then it is ready. Whatever fails meanwhile
-    (the toolbox's reset, a lost lease, git, the removal) discards it, container and all."""
+def _take_prepared(sandbox: Sandbox, session: Session, emit: Emit, *, speculative: bool) -> None:
+    """Hand over a pooled or returned sandbox that came with a repository checked out
+    (sandboxes/repositories.py): it was taken provisioning (`_new_sandbox`), so no call, attach, detach or
+    transfer reaches it until the session proved its access to that checkout or the checkout is gone; then
+    it is ready. Whatever fails meanwhile (the toolbox's reset, a lost lease, git, the removal) discards it,
+    container and all. Taken ahead of a call with the checkout kept, it may go back unused as it came."""
     provider = provider_of(sandbox)
     prepared = sandbox.labels["prepared"]
     try:
         if variables := session_env(sandbox):
-            provider.reset(sandbox.handle, env=variables)
-        emit(events.sandbox_provisioned(sandbox.id, sandbox.name, provider=sandbox.provider, pooled=True))
+            provider.reset(sandbox.handle, env=variables, unused=True)
+        emit(
+            events.sandbox_provisioned(
+                sandbox.id, sandbox.name, provider=sandbox.provider, **_taken_from(sandbox)
+            )
+        )
         kept = checkout_repositories(
             provider, sandbox.handle, session.resources, emit, session_id=session.id, prepared=prepared
         )
@@ -239,6 +265,9 @@ def _take_prepared(sandbox: Sandbox, session: Session, emit: Emit) -> None:
     # Only if no one gave the row up meanwhile (a newer brain of the session, the reaper's grace). `kept` is
     # for the operator (and bench/ttft): whether the pool's checkout saved the session its clone.
     labels = {**sandbox.labels, "prepared": {**prepared, "kept": kept}}
+    if speculative and kept and len([r for r in session.resources if _prepares(r)]) == 1:
+        # Its one resource is the checkout it came with (`returns.take_returned` or the pool's repository).
+        labels["returnable"] = {"session": session.id, "prepared": prepared}
     if not Sandbox.objects.filter(id=sandbox.id, status=Sandbox.Status.PROVISIONING).update(
         status=Sandbox.Status.READY, labels=labels
     ):
@@ -259,7 +288,8 @@ def _discard(sandbox: Sandbox, reason: str, emit: Emit) -> None:
         logger.warning("sandbox %s discarded (%s); the log could not say so", sandbox.id, reason)
 
 
-PREPARED_RESOURCES = ("github_repository", "file")  # what a session's sandbox is prepared with
+def _prepares(resource: Any) -> bool:
+    return isinstance(resource, dict) and resource.get("type") in PREPARED_RESOURCES
 
 
 def sandbox_provision_ahead(session_id: str, *, always: bool, emit: Emit) -> Sandbox | None:
@@ -269,10 +299,7 @@ def sandbox_provision_ahead(session_id: str, *, always: bool, emit: Emit) -> San
     session = Session.objects.select_related("environment").filter(id=session_id).first()
     if session is None or (session.environment.config or {}).get("type") == "self_hosted":
         return None
-    if not always and not any(
-        isinstance(resource, dict) and resource.get("type") in PREPARED_RESOURCES
-        for resource in session.resources
-    ):
+    if not always and not any(_prepares(resource) for resource in session.resources):
         return None
     if held(session_id):
         return None
@@ -298,6 +325,19 @@ def _used(sandbox: Sandbox) -> None:
     if sandbox.labels.get("speculative"):
         used["labels"] = {**sandbox.labels, "speculative": False}
     Sandbox.objects.filter(id=sandbox.id).update(**used)
+
+
+def _begin_call(sandbox: Sandbox, session_id: str) -> bool:
+    """Before a call runs in a hand provisioned ahead, mark it used, while the session still holds it: from
+    then on it never goes back to its environment (sandboxes/returns.py). Whether the session holds it."""
+    if not sandbox.labels.get("speculative"):
+        return True
+    sandbox.labels = {**sandbox.labels, "speculative": False}
+    return bool(
+        Sandbox.objects.filter(id=sandbox.id, session_id=session_id, status=Sandbox.Status.READY).update(
+            labels=sandbox.labels
+        )
+    )
 
 
 def _hand(session_id: str, name: str | None) -> Sandbox | None:
@@ -341,6 +381,11 @@ def execute(
                 )
             elif earlier:
                 note = f"[a new sandbox {sandbox.id} was provisioned: the previous one had died]\n"
+        if not _begin_call(sandbox, session_id):
+            return (
+                f"The sandbox {sandbox.name!r} left this session before the call ran (the session ended, "
+                "and it went back to its environment unused); nothing ran. Start a new session to go on."
+            ), True
         text = provider_of(sandbox).execute(
             sandbox.handle, name, input, timeout_s=settings.TOOL_TIMEOUT_SECONDS, cancelled=cancelled
         )
@@ -454,6 +499,13 @@ def sandbox_attach(
                 "which a session keeps only once it proved its access to it: it is handed out only by "
                 "provisioning. Attach another sandbox, or let the session provision one."
             )
+        if sandbox.labels.get("returned"):
+            raise Invalid(
+                f"Sandbox {sandbox_id} was provisioned ahead for a session that ended without using it, and "
+                "waits for the next session of its environment with the same resources, which keeps its "
+                "checkout only once it proved its access: it is handed out only by provisioning. Attach "
+                "another sandbox, or let the session provision one."
+            )
         if name is not None:
             _check_name(name)
         sandbox.session_id, sandbox.name = session_id, _free_name(session_id, name or sandbox.name)
@@ -510,6 +562,19 @@ def sandbox_transfer(
             to_session=to_session_id,
         )
     return _handed_over(sandbox, to_session_id)
+
+
+def sandbox_release(sandbox_id: str, *, emit: Emit | None = None) -> Sandbox:
+    """End a hand whose session ended (the reaper's end for it): one provisioned ahead that no call used goes
+    back to its environment for the next session, where sandboxes/returns.py allows; any other is
+    terminated."""
+    sandbox = Sandbox.objects.select_related("environment").filter(id=sandbox_id).first()
+    if sandbox is None:
+        raise NotFound("sandbox", sandbox_id)
+    if sandbox.session_id and give_back(sandbox, emit or _log(sandbox.session_id)):
+        sandbox.refresh_from_db()
+        return sandbox
+    return sandbox_terminate(sandbox_id, emit=emit)
 
 
 def sandbox_terminate(sandbox_id: str, *, emit: Emit | None = None, actor: str = "system") -> Sandbox:

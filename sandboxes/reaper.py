@@ -9,9 +9,10 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from sandboxes.hands import sandbox_terminate
+from sandboxes.hands import sandbox_release, sandbox_terminate
 from sandboxes.models import Sandbox
 from sandboxes.providers import PROVIDERS, SandboxError, held_by
+from sandboxes.returns import expire_returned
 
 logger = logging.getLogger(__name__)
 
@@ -23,11 +24,15 @@ PROVISIONING_GRACE = timedelta(minutes=2)
 
 def reap_idle() -> list[str]:
     """Terminate sandboxes idle past their environment's TTL (one provisioned ahead and never used: past
-    SPECULATIVE_IDLE_SECONDS, if shorter), and those of sessions that have ended."""
+    SPECULATIVE_IDLE_SECONDS, if shorter), and release those of sessions that have ended (an unused one
+    provisioned ahead may go back to its environment: sandboxes/returns.py, which also removes the returned
+    ones no session took in time)."""
     now = timezone.now()
-    reaped = []
-    ready = Sandbox.objects.filter(status=Sandbox.Status.READY).exclude(
-        session__isnull=True, labels__pooled=True
+    reaped = expire_returned()
+    ready = (
+        Sandbox.objects.filter(status=Sandbox.Status.READY)
+        .exclude(session__isnull=True, labels__pooled=True)
+        .exclude(session__isnull=True, labels__returned=True)
     )
     for sandbox in ready.select_related("environment", "session"):
         ttl = int((sandbox.environment.config.get("sandbox") or {}).get("idle_ttl_seconds", 3600))
@@ -35,7 +40,10 @@ def reap_idle() -> list[str]:
             ttl = min(ttl, settings.SPECULATIVE_IDLE_SECONDS)
         session = sandbox.session
         ended = session is not None and (session.status == "terminated" or session.deleted_at is not None)
-        if ended or sandbox.last_used_at < now - timedelta(seconds=ttl):
+        if ended:
+            if sandbox_release(sandbox.id).status != Sandbox.Status.READY:  # returned ones stay ready
+                reaped.append(sandbox.id)
+        elif sandbox.last_used_at < now - timedelta(seconds=ttl):
             sandbox_terminate(sandbox.id)
             reaped.append(sandbox.id)
     return reaped

@@ -326,6 +326,16 @@ def _name(repository: dict[str, Any], state: str) -> str:
     return json.dumps([*_of(repository), state], sort_keys=True)
 
 
+PREPARED_RESOURCES = ("github_repository", "file")  # what a session's sandbox is prepared with
+
+
+def prepared_named(name: str) -> dict[str, Any]:
+    """What a sandbox holding the clone named `name` (`_name`) was prepared with, as `prepare_checkout` says it
+    for a warm pool sandbox: the same label, so a session keeps it on the same proof."""
+    url, mount_path, checkout, state = json.loads(name)
+    return {"url": url, "mount_path": mount_path, "checkout": checkout, "state": state}
+
+
 def _of(repository: dict[str, Any]) -> list[Any]:
     return [repository["url"], repository["mount_path"], repository["checkout"] or {}]
 
@@ -502,6 +512,7 @@ class ClonesAhead:
         self._name: str | None = None
         self._base: str | None = None
         self.in_image: int | None = None  # the resource the sandbox's image holds already
+        self._copied: dict[int, str] = {}  # resource -> the name (`_name`) of the clone copied in
         clones = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"clones-{session_id}")
         for i, resource in enumerate(resources):
             if isinstance(resource, dict) and resource.get("type") == "github_repository":
@@ -557,9 +568,19 @@ class ClonesAhead:
         self.in_image = self._first
         return str(image)
 
+    @property
+    def placed(self) -> dict[int, str]:
+        """Resource index -> the name (`_name`) of the clone the sandbox holds of it, from the cache: in its
+        image, or copied in."""
+        if self.in_image is not None and self._name is not None:
+            return {**self._copied, self.in_image: self._name}
+        return dict(self._copied)
+
     def copied(self, provider: Any, i: int, clone: Clone) -> None:
         """Resource `i`'s clone was copied into the sandbox: if it was read from the cache, have an image made
         with it, for the next sandboxes (`sandbox_image`)."""
+        if clone.name:
+            self._copied[i] = clone.name
         if (
             i == self._first
             and clone.kept

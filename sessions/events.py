@@ -126,14 +126,19 @@ def harness_switched(harness: str) -> dict[str, Any]:
 # -- sandboxes (a session's hands)
 
 
-def sandbox_provisioned(sandbox_id: str, name: str, *, provider: str, pooled: bool) -> dict[str, Any]:
-    return {
+def sandbox_provisioned(
+    sandbox_id: str, name: str, *, provider: str, pooled: bool, returned: bool = False
+) -> dict[str, Any]:
+    """`pooled`: taken from the environment's warm pool; `returned`: taken from those an earlier session of
+    the environment provisioned ahead and never used (sandboxes/returns.py)."""
+    event = {
         "type": "sandbox.provisioned",
         "sandbox_id": sandbox_id,
         "name": name,
         "provider": provider,
         "pooled": pooled,
     }
+    return {**event, "returned": True} if returned else event
 
 
 def _worker(work_id: str | None, worker_id: str | None) -> dict[str, str]:
@@ -176,9 +181,17 @@ def sandbox_attached(
     return {**event, **_worker(work_id, worker_id)}
 
 
-def sandbox_detached(sandbox_id: str, name: str, *, to_session: str | None = None) -> dict[str, Any]:
-    event = {"type": "sandbox.detached", "sandbox_id": sandbox_id, "name": name}
-    return event if to_session is None else {**event, "to_session": to_session}
+def sandbox_detached(
+    sandbox_id: str, name: str, *, to_session: str | None = None, returned: bool = False
+) -> dict[str, Any]:
+    """`returned`: the session ended without using it, and it went back to its environment, for the next
+    session (sandboxes/returns.py)."""
+    event: dict[str, Any] = {"type": "sandbox.detached", "sandbox_id": sandbox_id, "name": name}
+    if to_session is not None:
+        event["to_session"] = to_session
+    if returned:
+        event["returned"] = True
+    return event
 
 
 def sandbox_terminated(

@@ -259,6 +259,10 @@ SPECULATIVE_IDLE_SECONDS = env.int("SPECULATIVE_IDLE_SECONDS", default=300)
 # pool): past the engine's capacity, the speculative ones are the work shed, and the first tool call
 # provisions as it would with "never".
 SPECULATIVE_MAX_IN_FLIGHT = env.int("SPECULATIVE_MAX_IN_FLIGHT", default=4)
+# A sandbox provisioned ahead that no call used goes back to its environment when its session ends, for the
+# next session that would start one (sandboxes/returns.py); at most this many wait per environment, each
+# removed SPECULATIVE_IDLE_SECONDS after its return if none takes it. 0: each is removed at its session's end.
+SPECULATIVE_RETURNED_MAX = env.int("SPECULATIVE_RETURNED_MAX", default=8)
 
 # What one session's sandboxes may take, installation-wide. An environment asking for more than a maximum
 # is refused with a 400 naming the field and the maximum; a stored value over a maximum lowered later is

@@ -76,6 +76,17 @@ def terminate_sandboxes(session_id: str | None = None) -> None:
         sandbox_terminate(sandbox_id)
 
 
+def release_sandboxes(session_id: str) -> None:
+    """End the live sandboxes of a session that ended as the reaper does (`sandbox_release`): an unused one
+    provisioned ahead goes back to its environment where it may, any other is terminated."""
+    from sandboxes.hands import sandbox_release
+    from sandboxes.models import Sandbox
+
+    live = Sandbox.objects.filter(session_id=session_id).exclude(status=Sandbox.Status.TERMINATED)
+    for sandbox_id in live.values_list("id", flat=True):
+        sandbox_release(sandbox_id)
+
+
 def remove_sandboxes(deployment: str, provider_name: str) -> int:
     """Remove what the provider still runs with this deployment's label, rows or none, and the checkout images
     the deployment made (a benchmark's deployment is its run's alone); how many sandboxes."""

@@ -75,12 +75,13 @@ class Provider(Protocol):
         """Run toolset tool `name` with `input` inside the sandbox and return its text output."""
         ...
 
-    def reset(self, handle: str, *, env: dict[str, str] | None = None) -> None:
+    def reset(self, handle: str, *, env: dict[str, str] | None = None, unused: bool = False) -> None:
         """Prepare a sandbox that changed sessions for its new holder: check that its toolbox answers on
         the channel the provider made (not one the sandbox replaced), stop the calls still running, and
         start a new shell, whose session variables (the credentials' placeholders) are `env` instead of the
-        previous holder's. The files, and the processes already running, stay. Raises SandboxError, or
-        ToolFailed when the old shell could not be replaced."""
+        previous holder's. The files, and the processes already running, stay. The next call's result says
+        the shell is new, unless `unused` (no call ever ran in the sandbox: the new shell replaces nothing a
+        call made). Raises SandboxError, or ToolFailed when the old shell could not be replaced."""
         ...
 
     def is_alive(self, handle: str) -> bool: ...

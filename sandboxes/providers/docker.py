@@ -401,10 +401,10 @@ class DockerProvider:
     ) -> str:
         return self._call(handle, protocol.build_request(name, input, timeout_s=timeout_s), cancelled)
 
-    def reset(self, handle: str, *, env: dict[str, str] | None = None) -> None:
+    def reset(self, handle: str, *, env: dict[str, str] | None = None, unused: bool = False) -> None:
         """Verify the toolbox of a hand that changed sessions and give it a new shell (see daemon.py), with
         the new session's variables (`env`) in place of the previous one's."""
-        self._call(handle, protocol.reset_request(env), None)
+        self._call(handle, protocol.reset_request(env, unused=unused), None)
 
     def _call(self, handle: str, request: protocol.Request, cancelled: Cancelled | None) -> str:
         exec_id, reply, stopped, stderr = self._exchange(handle, request, cancelled)

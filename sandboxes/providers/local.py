@@ -225,11 +225,11 @@ class LocalProvider:
     ) -> str:
         return self._call(handle, protocol.build_request(name, input, timeout_s=timeout_s), cancelled)
 
-    def reset(self, handle: str, *, env: dict[str, str] | None = None) -> None:
+    def reset(self, handle: str, *, env: dict[str, str] | None = None, unused: bool = False) -> None:
         """For a sandbox that changed hands: the connection's peer check proves the channel is the one
         made at provisioning, and the daemon stops the old holder's calls and starts a new shell (with the
         new session's variables, `env`)."""
-        self._call(handle, protocol.reset_request(env), None)
+        self._call(handle, protocol.reset_request(env, unused=unused), None)
 
     def _call(self, handle: str, request: protocol.Request, cancelled: Cancelled | None) -> str:
         meta = self._meta(handle)

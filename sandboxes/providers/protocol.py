@@ -57,12 +57,15 @@ def build_request(name: str, input: dict[str, Any], *, timeout_s: float | None) 
     return Request(call_id, payload, limit)
 
 
-def reset_request(env: dict[str, str] | None = None) -> Request:
+def reset_request(env: dict[str, str] | None = None, *, unused: bool = False) -> Request:
     """What `Provider.reset` sends: the daemon stops every call and starts a new shell (a few seconds);
-    with `env`, the new shell has those variables of the new holder's in place of the previous one's."""
+    with `env`, the new shell has those variables of the new holder's in place of the previous one's;
+    `unused`: no call ran in the sandbox, so its next result does not say the shell is new."""
     body: dict[str, Any] = {"reset": True}
     if env is not None:
         body["env"] = env
+    if unused:
+        body["unused"] = True
     return Request(uuid.uuid4().hex[:16], json.dumps(body).encode(), RESET_TIMEOUT_S)
 
 

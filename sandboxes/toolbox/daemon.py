@@ -12,7 +12,9 @@ closes the connection:
     {"id": "<call id>", "tool": "bash", "input": {...}, "timeout": 120}
     {"cancel": "<call id>"}
     {"reset": true}    the sandbox changed hands: stop every call and start a new shell (the files
-                       and the processes already running stay)
+                       and the processes already running stay); with "env", the new holder's
+                       session variables; with "unused": true, no call ever ran in the sandbox, and
+                       the next result does not say the shell is new
     -> {"ok": true, "output": "..."}
     -> {"ok": false, "error": "input" | "failed" | "sandbox", "message": "..."}
 
@@ -111,7 +113,7 @@ class Daemon:
             ):
                 raise ValueError("env must map variable names to strings")
             try:
-                self.reset(env)
+                self.reset(env, note=None if request.get("unused") is True else HANDED_OVER_NOTE)
             except Failed as error:
                 return _error("failed", str(error))
             return {"ok": True, "output": ""}
@@ -150,9 +152,10 @@ class Daemon:
             else:
                 self._early_cancels.append(call_id)
 
-    def reset(self, env: dict[str, str] | None = None) -> None:
+    def reset(self, env: dict[str, str] | None = None, *, note: str | None = HANDED_OVER_NOTE) -> None:
         """Serve a new holder: the previous one's calls stop, and its shell's state does not carry over;
-        with `env`, the new shell has the new holder's session variables instead of the previous one's."""
+        with `env`, the new shell has the new holder's session variables instead of the previous one's.
+        The next call's result says `note`, if any."""
         with self._lock:
             for call in self._calls.values():
                 call.cancel.set()
@@ -160,7 +163,7 @@ class Daemon:
         if env is not None:
             self.toolset.shell.env = with_session_env(self.toolset.shell.env, env)
             _save_session_env(env)
-        self.toolset.shell.renew(HANDED_OVER_NOTE, timeout_s=RESET_TIMEOUT_S)
+        self.toolset.shell.renew(note, timeout_s=RESET_TIMEOUT_S)
 
 
 def with_session_env(base: dict[str, str], session: dict[str, str]) -> dict[str, str]:

@@ -187,9 +187,9 @@ class Shell:
             self.start()
         return "[the shell was restarted: " + RESET_NOTE + "]"
 
-    def renew(self, note: str, *, timeout_s: float) -> None:
+    def renew(self, note: str | None, *, timeout_s: float) -> None:
         """Replace bash by a new one once no command runs, keeping what the old one started running,
-        and say `note` with the next command's result."""
+        and say `note` (if any) with the next command's result."""
         if not self._busy.acquire(timeout=timeout_s):
             raise Failed(f"the shell stayed busy for {timeout_s:g} s, so it could not be replaced")
         try:
@@ -198,7 +198,8 @@ class Shell:
                 self._bash = None
             self._announcements.clear()
             self.start()
-            self.announce(note)
+            if note:
+                self.announce(note)
         finally:
             self._busy.release()
 

@@ -243,6 +243,12 @@ def present(event: Event, *, answered: bool = False) -> EventView:
             view.detail = str(payload["reason"])
         if payload.get("pooled"):
             view.detail = "from the warm pool"
+        if payload.get("returned"):
+            view.detail = (
+                "returned unused by an earlier session of the environment"
+                if kind == "sandbox.provisioned"
+                else "unused: returned to the environment for the next session"
+            )
         if payload.get("from_session"):
             view.links.append(("from", _session_link(payload["from_session"])[1]))
             view.detail = f"passed from {payload['from_session']}"

@@ -167,10 +167,13 @@ def session_brain(session: Session) -> Brain:
 
 
 def free_sandboxes(workspace_id: str) -> list[Sandbox]:
+    """The sandboxes an operator may attach: not those returned unused, kept for provisioning alone
+    (sandboxes/returns.py)."""
     return list(
         Sandbox.objects.filter(
             session__isnull=True, status=Sandbox.Status.READY, environment__workspace_id=workspace_id
         )
+        .exclude(labels__returned=True)
         .select_related("environment")
         .order_by("-created_at")
     )

@@ -30,7 +30,7 @@ from sandboxes.providers import (
     ToolFailed,
     ToolInputError,
 )
-from sandboxes.provisioning import provider_name, provider_of, resources_for, session_env
+from sandboxes.provisioning import SESSION_ENV, provider_name, provider_of, resources_for, session_env
 from sandboxes.repositories import PREPARED_RESOURCES, ClonesAhead, checkout_repositories
 from sandboxes.returns import give_back, returnable_mark, take_returned
 from sessions import events
@@ -180,8 +180,10 @@ def sandbox_provision(
         provider = provider_of(sandbox)
         if session.resources:  # cloned while the sandbox starts
             ahead = ClonesAhead(session.resources, session_id=session.id)
+        resources = resources_for(session.environment, sandbox)
+        variables = bool(resources.env.get(SESSION_ENV))  # the names of the session's, if it has any
         try:
-            handle = _started(provider, resources_for(session.environment, sandbox), ahead)
+            handle = _started(provider, resources, ahead)
         except SandboxError as error:
             Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.DEAD)
             emit(events.sandbox_failed(name, str(error)))
@@ -196,18 +198,20 @@ def sandbox_provision(
                 provider.terminate(handle)
             raise SandboxError(f"the sandbox {sandbox.id} was given up while it was being provisioned")
         sandbox.handle, sandbox.status = handle, Sandbox.Status.READY
-    elif variables := session_env(sandbox):
+    else:
         # A pooled or returned sandbox was made for no session (or one gone): its shell gets this one's
         # variables (placeholders). No call ever ran in it, so no result says the shell is new.
-        provider_of(sandbox).reset(sandbox.handle, env=variables, unused=True)
+        env = session_env(sandbox)
+        variables = bool(env)
+        if variables:
+            provider_of(sandbox).reset(sandbox.handle, env=env, unused=True)
     emit(events.sandbox_provisioned(sandbox.id, name, provider=sandbox.provider, **_taken_from(sandbox)))
     if session.resources:
         checkout_repositories(
             provider_of(sandbox), sandbox.handle, session.resources, emit, session_id=session.id, ahead=ahead
         )
-    if speculative and (
-        mark := returnable_mark(session.id, session.resources, ahead.placed if ahead else {})
-    ):
+    placed = ahead.placed if ahead else {}
+    if speculative and (mark := returnable_mark(session.id, session.resources, placed, variables=variables)):
         _mark_returnable(sandbox, mark)
     return sandbox
 
@@ -267,7 +271,7 @@ def _take_prepared(sandbox: Sandbox, session: Session, emit: Emit, *, speculativ
     labels = {**sandbox.labels, "prepared": {**prepared, "kept": kept}}
     if speculative and kept and len([r for r in session.resources if _prepares(r)]) == 1:
         # Its one resource is the checkout it came with (`returns.take_returned` or the pool's repository).
-        labels["returnable"] = {"session": session.id, "prepared": prepared}
+        labels["returnable"] = {"session": session.id, "prepared": prepared, "variables": bool(variables)}
     if not Sandbox.objects.filter(id=sandbox.id, status=Sandbox.Status.PROVISIONING).update(
         status=Sandbox.Status.READY, labels=labels
     ):

@@ -10,12 +10,12 @@ The rule: a sandbox goes back only if (1) no call ever began in it (`speculative
 clears it before the call runs), (2) the session it was provisioned for holds it still, (3) all it was
 prepared with is what any session of the environment may get: its image and toolbox, and no resource or one
 repository checked out from the workers' mirror (whose state, and so the clone's name, is known), no file,
-and (4) its environment's config has not changed since it started. Its session's variables are cleared by a
-toolbox reset on the way back. A session takes one only if its own resources are the same: none, or one
-repository with the same URL, folder and checkout; and it keeps that checkout only once it proved its own
-access (the fetch every clone makes) and the mirror still gives what was checked out, the warm pool's rule for
-a prepared checkout (sandboxes/pool.py); otherwise the checkout is removed before anything runs in the
-sandbox and the repository cloned as usual. Nothing else can have one: attaching a returned sandbox is
+and (4) its environment's config has not changed since it started. Its session's variables, if it was
+given any, are cleared by a toolbox reset on the way back. A session takes one only if its own resources are
+the same: none, or one repository with the same URL, folder and checkout; and it keeps that checkout only
+once it proved its own access (the fetch every clone makes) and the mirror still gives what was checked out,
+the warm pool's rule for a prepared checkout (sandboxes/pool.py); otherwise the checkout is removed before
+anything runs in the sandbox and the repository cloned as usual. Nothing else can have one: attaching a returned sandbox is
 refused. A returned sandbox no session takes is removed once idle past SPECULATIVE_IDLE_SECONDS (or its
 environment's idle_ttl_seconds, if shorter); at most SPECULATIVE_RETURNED_MAX wait per environment, and a
 sandbox whose session ended while as many wait is removed as before.
@@ -54,20 +54,20 @@ def _prepared(resources: list[Any]) -> list[dict[str, Any]]:
 
 
 def returnable_mark(
-    session_id: str, resources: list[Any], placed: Mapping[int, str]
+    session_id: str, resources: list[Any], placed: Mapping[int, str], *, variables: bool
 ) -> dict[str, Any] | None:
     """The label (`returnable`) of a sandbox just provisioned ahead for session `session_id` with
-    `resources`, of which the ones in `placed` (index -> the clone's name) came from the repository cache;
-    None if it may never go back (the module's rule)."""
+    `resources`, of which the ones in `placed` (index -> the clone's name) came from the repository cache,
+    its shell given session `variables` or not; None if it may never go back (the module's rule)."""
     prepared = _prepared(resources)
     if not prepared:
-        return {"session": session_id, "prepared": None}
+        return {"session": session_id, "prepared": None, "variables": variables}
     if len(prepared) != 1 or prepared[0].get("type") != "github_repository":
         return None
     index = next(i for i, r in enumerate(resources) if r is prepared[0])
     if index not in placed:
         return None
-    return {"session": session_id, "prepared": prepared_named(placed[index])}
+    return {"session": session_id, "prepared": prepared_named(placed[index]), "variables": variables}
 
 
 def _waiting(environment: Environment):  # type: ignore[no-untyped-def]
@@ -117,8 +117,10 @@ def give_back(sandbox: Sandbox, emit: Callable[[dict[str, Any]], Any]) -> bool:
             return False
     provider = provider_of(sandbox)
     try:
-        # The session's variables go, and the toolbox is verified; no call ran, so none is told of the shell.
-        provider.reset(sandbox.handle, env={}, unused=True)
+        if mark.get("variables", True):
+            # The session's variables go (no call ran: the toolbox is as it started, and none is told of
+            # the new shell). A shell that was given none has nothing to lose, and keeps its state.
+            provider.reset(sandbox.handle, env={}, unused=True)
         ready = Sandbox.objects.filter(id=sandbox.id, status=Sandbox.Status.PROVISIONING).update(
             status=Sandbox.Status.READY
         )

@@ -12,7 +12,7 @@ import pytest
 from django.test import override_settings
 
 from harness.services.lifecycle import session_archive, session_create
-from sandboxes import hands
+from sandboxes import hands, provisioning
 from sandboxes.hands import held, sandbox_release
 from sandboxes.models import Sandbox
 from sandboxes.providers.docker import DockerProvider
@@ -184,3 +184,24 @@ def test_a_call_that_finds_its_sandbox_returned_runs_nothing(served, monkeypatch
     assert sandbox.session_id is None and sandbox.labels["returned"] and sandbox.labels["speculative"]
     said = DockerProvider().execute(sandbox.handle, "bash", {"command": "ls /workspace/app"})
     assert "written" not in said and "README.md" in said
+
+
+def test_a_returned_sandbox_keeps_none_of_its_first_sessions_variables(served, monkeypatch):
+    """The first session's shell had a variable of its own (a credential's placeholder); the next session,
+    which takes the sandbox, finds it unset, and no note of a new shell: no call had run in it."""
+    environment_id = make_environment()
+    first = session_in(environment_id, served.url("origin.git"))
+    monkeypatch.setattr(
+        provisioning,
+        "_session_env_sources",
+        [lambda sandbox: {"FIRST_TOKEN": "wbph_first"} if sandbox.session_id == first else {}],
+    )
+    turn(first, "just talk")
+    [sandbox] = held(first)
+    assert sandbox.labels["returnable"]["variables"] is True
+    session_archive(first)
+    assert reap_idle() == []
+    second = session_in(environment_id, served.url("origin.git"))
+    events = turn(second, "/bash echo ${FIRST_TOKEN:-unset}")
+    assert results(events) == [("unset", False)]
+    assert [hand.id for hand in held(second)] == [sandbox.id]

@@ -575,7 +575,15 @@ def sandbox_release(sandbox_id: str, *, emit: Emit | None = None) -> Sandbox:
     sandbox = Sandbox.objects.select_related("environment").filter(id=sandbox_id).first()
     if sandbox is None:
         raise NotFound("sandbox", sandbox_id)
-    if sandbox.session_id and give_back(sandbox, emit or _log(sandbox.session_id)):
+    if sandbox.session_id is None:  # free, or returned by a release racing this one: not this one's to end
+        return sandbox
+    if give_back(sandbox, emit or _log(sandbox.session_id)):
+        sandbox.refresh_from_db()
+        return sandbox
+    # Ended here only while its session still holds it: a release racing this one (the reaper's and the
+    # session's end) may have returned it meanwhile, and one of the two updates wins.
+    still_held = Sandbox.objects.filter(id=sandbox.id, session_id=sandbox.session_id)
+    if not still_held.exclude(status=Sandbox.Status.TERMINATED).update(status=Sandbox.Status.DEAD):
         sandbox.refresh_from_db()
         return sandbox
     return sandbox_terminate(sandbox_id, emit=emit)

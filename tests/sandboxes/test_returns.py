@@ -205,3 +205,26 @@ def test_a_returned_sandbox_keeps_none_of_its_first_sessions_variables(served, m
     events = turn(second, "/bash echo ${FIRST_TOKEN:-unset}")
     assert results(events) == [("unset", False)]
     assert [hand.id for hand in held(second)] == [sandbox.id]
+
+
+def test_a_release_that_loses_the_race_to_another_leaves_the_returned_sandbox_alone(
+    docker_engine, served, monkeypatch
+):
+    """Two releases of one ended session's sandbox (the reaper's and the session's end): the one whose return
+    finds the sandbox already gone back does not terminate it; it stays ready for the next session."""
+    environment_id = make_environment()
+    session_id = session_in(environment_id, served.url("origin.git"))
+    turn(session_id, "just talk")
+    [sandbox] = held(session_id)
+    session_archive(session_id)
+    give_back = hands.give_back
+
+    def the_other_release_won(sandbox: Sandbox, emit: Any) -> bool:
+        assert give_back(sandbox, emit)  # the other release, between this one's read and its return
+        return False
+
+    monkeypatch.setattr(hands, "give_back", the_other_release_won)
+    released = sandbox_release(sandbox.id)
+    assert released.status == Sandbox.Status.READY and released.session_id is None
+    assert released.labels["returned"]
+    assert [c.status for c in containers(docker_engine, environment_id)] == ["running"]

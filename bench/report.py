@@ -77,6 +77,13 @@ def verdict(met: bool | None) -> str:
     return "–" if met is None else ("met" if met else "**missed**")
 
 
+def commits(stats: dict[str, Any] | None) -> str:
+    """The engine's btrfs transaction commits in a phase (bench/ttft), or a dash where none was read."""
+    if not stats or not stats.get("n"):
+        return "–"
+    return f"{stats['n']}, {stats['ms']:,} ms, {num(stats.get('longest_seen_ms'), 0)} ms"
+
+
 def num(value: float | None, digits: int = 1) -> str | None:
     return None if value is None else f"{value:,.{digits}f}"
 
@@ -403,6 +410,7 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
             "model asked directly, TTFT p50 / p95",
             "load average at the end",
             "client loop lag p99",
+            "btrfs commits: n, ms in all, longest seen",
             "cores used by our processes",
         ],
         [
@@ -414,6 +422,7 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
                 f"{p['model_direct_ttft_ms']['p50']} / {p['model_direct_ttft_ms']['p95']} ms",
                 ", ".join(map(str, p.get("load_average_at_end", []))),
                 f"{p.get('client_loop_lag_ms', {}).get('p99')} ms",
+                commits(p.get("btrfs_commits")),
                 ", ".join(f"{k} {v:.2f}" for k, v in p.get("cores_used", {}).items()),
             ]
             for name, p in phases.items()

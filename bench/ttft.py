@@ -74,7 +74,14 @@ if str(Path(__file__).resolve().parent.parent) not in sys.path:  # `python bench
 from bench.common import ROOT  # noqa: E402
 from bench.common.app import new_api_key, release_sandboxes, remove_sandboxes  # noqa: E402
 from bench.common.launcher import Launcher  # noqa: E402
-from bench.common.machine import busy, cpu_jiffies, cpu_pressure_us, load_average, machine_info  # noqa: E402
+from bench.common.machine import (  # noqa: E402
+    btrfs_commits,
+    busy,
+    cpu_jiffies,
+    cpu_pressure_us,
+    load_average,
+    machine_info,
+)
 from bench.common.processes import free_port, wait_until  # noqa: E402
 from bench.common.results import (  # noqa: E402
     RESULTS,
@@ -206,6 +213,9 @@ class Phase:
     cpu_seconds: dict[str, float] = field(default_factory=dict)  # our processes, by part
     cpu_pressure: float | None = None  # share of the time some task of the machine waited for a CPU
     load_average: list[float] = field(default_factory=list)
+    # The engine's btrfs: the transaction commits in each second that had any (their ms in all, and the last
+    # one's, which is the longest seen when one second held one commit).
+    btrfs_commits: list[tuple[float, int, float, float]] = field(default_factory=list)  # (s, n, ms, last)
 
     def summary(self) -> dict[str, Any]:
         def mean(values: list[Any]) -> float | None:
@@ -235,6 +245,12 @@ class Phase:
                 "p99": pct(self.model_probe_ms, 0.99),
             },
             "client_loop_lag_ms": {"p50": pct(self.loop_lag_ms, 0.5), "p99": pct(self.loop_lag_ms, 0.99)},
+            "btrfs_commits": {
+                "n": sum(n for _, n, _, _ in self.btrfs_commits),
+                "ms": round(sum(ms for _, _, ms, _ in self.btrfs_commits)),
+                "longest_seen_ms": max((last for *_, last in self.btrfs_commits), default=None),
+                "by_second": self.btrfs_commits,
+            },
         }
 
 
@@ -639,18 +655,24 @@ class Run:
     # -- what the machine and the model are doing meanwhile
 
     async def sample_system(self) -> None:
-        previous = cpu_jiffies()
+        previous, commits = cpu_jiffies(), btrfs_commits()
         while not self.stopping.is_set():
             await asyncio.sleep(1.0)
             running, connections, sandboxes = await asyncio.to_thread(system_counts)
-            now = cpu_jiffies()
+            now, committed = cpu_jiffies(), btrfs_commits()
             share, previous = busy(previous, now), now
             if (phase := self.phase) is not None:
-                self.timeline.append((round(time.perf_counter() - self.t0, 1), running))
+                at = round(time.perf_counter() - self.t0, 1)
+                if commits and committed and committed[0] > commits[0]:
+                    phase.btrfs_commits.append(
+                        (at, committed[0] - commits[0], round(committed[1] - commits[1]), committed[2])
+                    )
+                self.timeline.append((at, running))
                 phase.running.append(running)
                 phase.cpu_busy.append(share)
                 phase.pg_connections.append(connections)
                 phase.live_sandboxes.append(sandboxes)
+            commits = committed
 
     async def probe_model(self) -> None:
         """The offline model's own time to first token, asked directly (not through the platform)."""

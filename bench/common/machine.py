@@ -128,6 +128,22 @@ def busy_cpu_seconds() -> float:
     return (sum(now) - now[3] - now[4]) / os.sysconf("SC_CLK_TCK")
 
 
+def btrfs_commits() -> tuple[int, float, float] | None:
+    """(transaction commits, their total ms, the last one's ms) of the machine's btrfs filesystems (the
+    Docker engine's storage, when it is btrfs), summed, from /sys/fs/btrfs/*/commit_stats; None if none.
+    A long commit holds up every writer of that filesystem, the engine's container starts and removals."""
+    commits = total = last = 0.0
+    found = False
+    for stats in Path("/sys/fs/btrfs").glob("*/commit_stats"):
+        with contextlib.suppress(OSError, ValueError):
+            fields = dict(line.split() for line in stats.read_text().splitlines() if len(line.split()) == 2)
+            commits += int(fields["commits"])
+            total += float(fields["total_commit_ms"])
+            last = max(last, float(fields["last_commit_ms"]))
+            found = True
+    return (int(commits), total, last) if found else None
+
+
 def cpu_pressure_us() -> float | None:
     """Microseconds, since boot, that some runnable task waited for a CPU (Linux PSI), if the kernel says."""
     with contextlib.suppress(OSError, ValueError, IndexError):

@@ -29,10 +29,12 @@ def reap_idle() -> list[str]:
     ones no session took in time)."""
     now = timezone.now()
     reaped = expire_returned()
+    # `labels__contains`, not a key lookup: NOT (labels -> 'pooled' = true) is NULL, so excluding, for every
+    # sandbox without the key, which left free sandboxes (detached ones) out of the idle reaping too.
     ready = (
         Sandbox.objects.filter(status=Sandbox.Status.READY)
-        .exclude(session__isnull=True, labels__pooled=True)
-        .exclude(session__isnull=True, labels__returned=True)
+        .exclude(session__isnull=True, labels__contains={"pooled": True})
+        .exclude(session__isnull=True, labels__contains={"returned": True})
     )
     for sandbox in ready.select_related("environment", "session"):
         ttl = int((sandbox.environment.config.get("sandbox") or {}).get("idle_ttl_seconds", 3600))

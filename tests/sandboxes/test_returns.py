@@ -5,22 +5,25 @@ repository served over HTTP."""
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.test import override_settings
+from django.utils import timezone
 
 from harness.services.lifecycle import session_archive, session_create
 from sandboxes import hands, provisioning
 from sandboxes.hands import held, sandbox_release
-from sandboxes.models import Sandbox
+from sandboxes.models import Environment, Sandbox
 from sandboxes.providers.docker import DockerProvider
 from sandboxes.reaper import reap_idle
 from sessions.selectors import get_events
 from tests.conftest import make_agent, make_environment
 from tests.git_server import git_http_server, make_repository, push_commit
 from tests.sandboxes.test_hands import TOOLSET, brains, results, turn  # noqa: F401 - `brains`: used by pytestmark
+from workbench.ui.selectors import free_sandboxes
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("brains")]
 
@@ -228,3 +231,25 @@ def test_a_release_that_loses_the_race_to_another_leaves_the_returned_sandbox_al
     assert released.status == Sandbox.Status.READY and released.session_id is None
     assert released.labels["returned"]
     assert [c.status for c in containers(docker_engine, environment_id)] == ["running"]
+
+
+def test_the_attach_list_leaves_out_returned_sandboxes_and_the_reaper_ends_idle_free_ones(docker_engine):
+    """The UI's list of sandboxes to attach holds a detached sandbox but not a returned one (a NOT over a
+    label's key would have dropped every sandbox without the key); and a detached sandbox idle past its
+    environment's TTL (an hour) is reaped like any other."""
+    environment_id = make_environment()
+    session_id = session_create(agent=make_agent(tools=TOOLSET), environment_id=environment_id).id
+    assert results(turn(session_id, "/bash echo used")) == [("used", False)]
+    [detached] = held(session_id)
+    hands.sandbox_detach(detached.id)
+    environment = Environment.objects.get(id=environment_id)
+    returned = Sandbox.objects.create(
+        environment=environment, provider="docker", status=Sandbox.Status.READY, labels={"returned": True}
+    )
+    assert [s.id for s in free_sandboxes(environment.workspace_id)] == [detached.id]
+    assert reap_idle() == []
+    Sandbox.objects.filter(id=detached.id).update(last_used_at=timezone.now() - timedelta(hours=2))
+    assert reap_idle() == [detached.id]
+    assert not containers(docker_engine, environment_id)
+    returned.refresh_from_db()
+    assert returned.status == Sandbox.Status.READY, "a returned sandbox goes by SPECULATIVE_IDLE_SECONDS"

@@ -173,7 +173,7 @@ def free_sandboxes(workspace_id: str) -> list[Sandbox]:
         Sandbox.objects.filter(
             session__isnull=True, status=Sandbox.Status.READY, environment__workspace_id=workspace_id
         )
-        .exclude(labels__returned=True)
+        .exclude(labels__contains={"returned": True})  # (a key lookup's NOT would drop rows without it)
         .select_related("environment")
         .order_by("-created_at")
     )

@@ -31,7 +31,7 @@ from sandboxes.providers import (
     ToolInputError,
 )
 from sandboxes.provisioning import SESSION_ENV, provider_name, provider_of, resources_for, session_env
-from sandboxes.repositories import PREPARED_RESOURCES, ClonesAhead, checkout_repositories
+from sandboxes.repositories import ClonesAhead, checkout_repositories, prepared_resources
 from sandboxes.returns import give_back, returnable_mark, take_returned
 from sessions import events
 from sessions.models import Session
@@ -269,7 +269,7 @@ def _take_prepared(sandbox: Sandbox, session: Session, emit: Emit, *, speculativ
     # Only if no one gave the row up meanwhile (a newer brain of the session, the reaper's grace). `kept` is
     # for the operator (and bench/ttft): whether the pool's checkout saved the session its clone.
     labels = {**sandbox.labels, "prepared": {**prepared, "kept": kept}}
-    if speculative and kept and len([r for r in session.resources if _prepares(r)]) == 1:
+    if speculative and kept and len(prepared_resources(session.resources)) == 1:
         # Its one resource is the checkout it came with (`returns.take_returned` or the pool's repository).
         labels["returnable"] = {"session": session.id, "prepared": prepared, "variables": bool(variables)}
     if not Sandbox.objects.filter(id=sandbox.id, status=Sandbox.Status.PROVISIONING).update(
@@ -292,10 +292,6 @@ def _discard(sandbox: Sandbox, reason: str, emit: Emit) -> None:
         logger.warning("sandbox %s discarded (%s); the log could not say so", sandbox.id, reason)
 
 
-def _prepares(resource: Any) -> bool:
-    return isinstance(resource, dict) and resource.get("type") in PREPARED_RESOURCES
-
-
 def sandbox_provision_ahead(session_id: str, *, always: bool, emit: Emit) -> Sandbox | None:
     """The session's default hand, provisioned before a tool call asks for it, by the brain holding the lease
     (harness/speculation.py) while its model thinks: if the session holds no sandbox and is not self-hosted,
@@ -303,7 +299,7 @@ def sandbox_provision_ahead(session_id: str, *, always: bool, emit: Emit) -> San
     session = Session.objects.select_related("environment").filter(id=session_id).first()
     if session is None or (session.environment.config or {}).get("type") == "self_hosted":
         return None
-    if not always and not any(_prepares(resource) for resource in session.resources):
+    if not always and not prepared_resources(session.resources):
         return None
     if held(session_id):
         return None

@@ -124,6 +124,13 @@ def speculation_policy(config: dict[str, Any]) -> str:
     return (config.get("sandbox") or {}).get("speculative") or settings.SPECULATIVE_PROVISIONING
 
 
+def idle_seconds(sandbox: Sandbox) -> int:
+    """How long `sandbox` may stay idle before it is removed: its environment's idle_ttl_seconds, or
+    SPECULATIVE_IDLE_SECONDS if shorter for one provisioned ahead that no call used (or returned unused)."""
+    ttl = int((sandbox.environment.config.get("sandbox") or {}).get("idle_ttl_seconds", 3600))
+    return min(ttl, settings.SPECULATIVE_IDLE_SECONDS) if sandbox.labels.get("speculative") else ttl
+
+
 def provider_name(environment: Environment) -> str:
     return (environment.config.get("sandbox") or {}).get("provider") or settings.SANDBOX_PROVIDER
 

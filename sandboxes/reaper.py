@@ -12,6 +12,7 @@ from django.utils import timezone
 from sandboxes.hands import sandbox_release, sandbox_terminate
 from sandboxes.models import Sandbox
 from sandboxes.providers import PROVIDERS, SandboxError, held_by
+from sandboxes.provisioning import idle_seconds
 from sandboxes.returns import expire_returned
 
 logger = logging.getLogger(__name__)
@@ -29,17 +30,15 @@ def reap_idle() -> list[str]:
     ones no session took in time)."""
     now = timezone.now()
     reaped = expire_returned()
-    # `labels__contains`, not a key lookup: NOT (labels -> 'pooled' = true) is NULL, so excluding, for every
-    # sandbox without the key, which left free sandboxes (detached ones) out of the idle reaping too.
+    # `labels__contains`, not a key lookup: NOT (labels -> 'pooled' = true) is NULL for a sandbox without the
+    # key, and would leave every free (detached) sandbox out of this round.
     ready = (
         Sandbox.objects.filter(status=Sandbox.Status.READY)
         .exclude(session__isnull=True, labels__contains={"pooled": True})
         .exclude(session__isnull=True, labels__contains={"returned": True})
     )
     for sandbox in ready.select_related("environment", "session"):
-        ttl = int((sandbox.environment.config.get("sandbox") or {}).get("idle_ttl_seconds", 3600))
-        if sandbox.labels.get("speculative"):  # provisioned ahead of a tool call that has not come
-            ttl = min(ttl, settings.SPECULATIVE_IDLE_SECONDS)
+        ttl = idle_seconds(sandbox)
         session = sandbox.session
         ended = session is not None and (session.status == "terminated" or session.deleted_at is not None)
         if ended:

@@ -329,6 +329,11 @@ def _name(repository: dict[str, Any], state: str) -> str:
 PREPARED_RESOURCES = ("github_repository", "file")  # what a session's sandbox is prepared with
 
 
+def prepared_resources(resources: list[Any]) -> list[dict[str, Any]]:
+    """The resources a session's sandbox is prepared with (PREPARED_RESOURCES), in order."""
+    return [r for r in resources if isinstance(r, dict) and r.get("type") in PREPARED_RESOURCES]
+
+
 def prepared_named(name: str) -> dict[str, Any]:
     """What a sandbox holding the clone named `name` (`_name`) was prepared with, as `prepare_checkout` says it
     for a warm pool sandbox: the same label, so a session keeps it on the same proof."""
@@ -724,7 +729,7 @@ def _state(mirror: Path, checkout: dict[str, str]) -> str | None:
     return f"{head}\n{branch} {tip}" if tip else None
 
 
-def _stands_for(repository: dict[str, Any], prepared: dict[str, Any]) -> bool:
+def stands_for(repository: dict[str, Any], prepared: dict[str, Any]) -> bool:
     return (
         repository["url"] == prepared.get("url")  # the very spelling: the clone's origin is it
         and repository["mount_path"] == prepared.get("mount_path")
@@ -783,7 +788,7 @@ def _prepared_resource(
             repository = checked_repository(resource, f"resources[{i}]")
         except Invalid:
             continue
-        if not _stands_for(repository, prepared):
+        if not stands_for(repository, prepared):
             continue
         try:
             with (
@@ -828,7 +833,7 @@ def prepared_as(pool_repository: dict[str, Any], prepared: dict[str, Any]) -> bo
     """Whether a pool member's checkout (`prepared`) is of the environment's `pool_repository` as configured
     now: the same URL, folder and checkout."""
     try:
-        return _stands_for(checked_repository(pool_repository, "config.sandbox.pool_repository"), prepared)
+        return stands_for(checked_repository(pool_repository, "config.sandbox.pool_repository"), prepared)
     except Invalid:
         return False
 

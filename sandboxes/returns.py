@@ -15,8 +15,8 @@ given any, are cleared by a toolbox reset on the way back. A session takes one o
 the same: none, or one repository with the same URL, folder and checkout; and it keeps that checkout only
 once it proved its own access (the fetch every clone makes) and the mirror still gives what was checked out,
 the warm pool's rule for a prepared checkout (sandboxes/pool.py); otherwise the checkout is removed before
-anything runs in the sandbox and the repository cloned as usual. Nothing else can have one: attaching a returned sandbox is
-refused. A returned sandbox no session takes is removed once idle past SPECULATIVE_IDLE_SECONDS (or its
+anything runs in the sandbox and the repository cloned as usual. Nothing else can have one: attaching a
+returned sandbox is refused. A returned sandbox no session takes is removed once idle past SPECULATIVE_IDLE_SECONDS (or its
 environment's idle_ttl_seconds, if shorter); at most SPECULATIVE_RETURNED_MAX wait per environment, and a
 sandbox whose session ended while as many wait is removed as before.
 
@@ -39,8 +39,8 @@ from django.utils import timezone
 from kernel.errors import Invalid
 from sandboxes.models import Environment, Sandbox
 from sandboxes.providers import SandboxError, ToolFailed
-from sandboxes.provisioning import provider_name, provider_of
-from sandboxes.repositories import PREPARED_RESOURCES, checked_repository, prepared_named
+from sandboxes.provisioning import idle_seconds, provider_name, provider_of
+from sandboxes.repositories import checked_repository, prepared_named, prepared_resources, stands_for
 from sessions import events
 from sessions.services import SessionNotFound
 
@@ -49,8 +49,15 @@ logger = logging.getLogger(__name__)
 RETURNED_NAME = "returned"  # a returned sandbox's name while no session holds it
 
 
-def _prepared(resources: list[Any]) -> list[dict[str, Any]]:
-    return [r for r in resources if isinstance(r, dict) and r.get("type") in PREPARED_RESOURCES]
+def _one_repository(resources: list[Any]) -> int | None | bool:
+    """What a sandbox prepared with `resources` holds that a returned one may stand for: None (nothing), the
+    index of its one repository, or False (files, or more than one repository: never returned or taken)."""
+    prepared = prepared_resources(resources)
+    if not prepared:
+        return None
+    if len(prepared) != 1 or prepared[0]["type"] != "github_repository":
+        return False
+    return next(i for i, r in enumerate(resources) if r is prepared[0])
 
 
 def returnable_mark(
@@ -59,13 +66,10 @@ def returnable_mark(
     """The label (`returnable`) of a sandbox just provisioned ahead for session `session_id` with
     `resources`, of which the ones in `placed` (index -> the clone's name) came from the repository cache,
     its shell given session `variables` or not; None if it may never go back (the module's rule)."""
-    prepared = _prepared(resources)
-    if not prepared:
+    index = _one_repository(resources)
+    if index is None:
         return {"session": session_id, "prepared": None, "variables": variables}
-    if len(prepared) != 1 or prepared[0].get("type") != "github_repository":
-        return None
-    index = next(i for i, r in enumerate(resources) if r is prepared[0])
-    if index not in placed:
+    if index is False or index not in placed:
         return None
     return {"session": session_id, "prepared": prepared_named(placed[index]), "variables": variables}
 
@@ -145,13 +149,11 @@ def _wanted(resources: list[Any]) -> dict[str, Any] | None | bool:
     """What a returned sandbox must have been prepared with for a session with `resources` to take it: None
     (nothing), one repository (its URL, folder and checkout as the resource names them), or False: none
     may be taken."""
-    prepared = _prepared(resources)
-    if not prepared:
-        return None
-    if len(prepared) != 1 or prepared[0].get("type") != "github_repository":
-        return False
+    index = _one_repository(resources)
+    if index is None or index is False:
+        return index
     try:  # as the clone names it (its URL's spelling, the default folder)
-        return checked_repository(prepared[0], "resources")
+        return checked_repository(resources[index], "resources")
     except Invalid:
         return False
 
@@ -159,11 +161,7 @@ def _wanted(resources: list[Any]) -> dict[str, Any] | None | bool:
 def _fits(prepared: dict[str, Any] | None, wanted: dict[str, Any] | None) -> bool:
     if prepared is None or wanted is None:
         return prepared is None and wanted is None
-    return (
-        wanted.get("url") == prepared.get("url")
-        and wanted.get("mount_path") == prepared.get("mount_path")
-        and (wanted.get("checkout") or {}) == (prepared.get("checkout") or {})
-    )
+    return stands_for(wanted, prepared)
 
 
 def take_returned(environment: Environment, *, session: Any, name: str) -> Sandbox | None:
@@ -208,9 +206,8 @@ def expire_returned() -> list[str]:
     now = timezone.now()
     expired = []
     waiting = Sandbox.objects.filter(session__isnull=True, labels__returned=True, status=Sandbox.Status.READY)
-    for sandbox in waiting.select_related("environment"):
-        ttl = int((sandbox.environment.config.get("sandbox") or {}).get("idle_ttl_seconds", 3600))
-        cutoff = now - timedelta(seconds=min(ttl, settings.SPECULATIVE_IDLE_SECONDS))
+    for sandbox in waiting.select_related("environment"):  # each `speculative`, so idle_seconds says which
+        cutoff = now - timedelta(seconds=idle_seconds(sandbox))
         # Only while no session has taken it: a take holds the row's lock, and leaves it held.
         if not waiting.filter(id=sandbox.id, last_used_at__lt=cutoff).update(status=Sandbox.Status.DEAD):
             continue

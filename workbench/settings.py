@@ -334,7 +334,8 @@ EGRESS_SYSTEM_CA_FILE = env("EGRESS_SYSTEM_CA_FILE", default="/etc/ssl/certs/ca-
 # Loopback, private, link-local, multicast and unspecified destinations are refused in every mode, except
 # these: addresses or CIDR networks, each optionally with ":port" (e.g. 127.0.0.1:8443 in tests).
 EGRESS_PRIVATE_ALLOWED = env.list("EGRESS_PRIVATE_ALLOWED", default=[])
-# How long the proxy keeps a sandbox's policy (its session's credentials, its environment's networking).
+# How long the proxy keeps a sandbox's policy (its session's credentials, its environment's networking) when
+# no notice came: on PostgreSQL each change to one is announced at its commit (vault/egress/notices.py).
 EGRESS_CACHE_SECONDS = env.float("EGRESS_CACHE_SECONDS", default=5.0)
 # Responses up to this size are buffered and scrubbed whole; longer ones are scrubbed as they stream.
 EGRESS_BUFFER_BYTES = env.int("EGRESS_BUFFER_BYTES", default=16 * 1024 * 1024)

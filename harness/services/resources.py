@@ -140,8 +140,8 @@ def session_resource_update(
     session_id: str, resource_id: str, *, authorization_token: str, actor: str
 ) -> dict[str, Any]:
     """Rotate a github_repository's token: resealed in the vault, with its secret_version bumped, so the
-    egress proxy adds the new one once it reads the session again (within EGRESS_CACHE_SECONDS): to the
-    next clone, push or pull."""
+    egress proxy adds the new one from this commit on (told by the database; on SQLite within
+    EGRESS_CACHE_SECONDS): to the next clone, push or pull."""
     session = _session(session_id, lock=True)
     i = _index(session, resource_id)
     resource = session.resources[i]

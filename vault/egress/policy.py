@@ -99,6 +99,7 @@ class SandboxPolicy:
     credentials: tuple[EnvCredential, ...] = ()
     repositories: tuple[Repository, ...] = ()
     vault_ids: tuple[str, ...] = field(default=())
+    environment_id: str = ""
 
     def repository_hosts(self) -> list[str]:
         return [host for r in self.repositories if (host := urlsplit(r.url).hostname)]

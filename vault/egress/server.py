@@ -25,6 +25,7 @@ from vault import crypto
 from .addon import Egress
 from .control import Control
 from .door import Door
+from .notices import Notices
 from .policy import private_allowed
 from .resolver import Resolver
 from .state import Auditor, Keys, Loader, Policies
@@ -88,6 +89,15 @@ async def serve(*, listen_host: str | None = None) -> None:
     resolver.install(loop)
     auditor = Auditor()
     policies = Policies(Loader(keys), ttl=settings.EGRESS_CACHE_SECONDS)
+    notices = Notices(loop, policies.notice) if Notices.available() else None
+    if notices is not None:
+        notices.start()
+    else:
+        logger.info(
+            "egress: the database sends no notices (not PostgreSQL): a changed policy is used within "
+            "EGRESS_CACHE_SECONDS (%s s)",
+            settings.EGRESS_CACHE_SECONDS,
+        )
     door = None
     modes = [f"regular@{host}:{port}"]
     if settings.EGRESS_HARNESS_LISTEN:
@@ -143,6 +153,8 @@ async def serve(*, listen_host: str | None = None) -> None:
             "listening": f"{host}:{port}",
             "workers_door": settings.EGRESS_HARNESS_LISTEN if door else None,
             "uptime_s": round(time.time() - started, 1),
+            # "listening": a changed policy is used at its commit; otherwise within EGRESS_CACHE_SECONDS.
+            "policy_notices": notices.state if notices is not None else "none (not PostgreSQL)",
         }
 
     control = (
@@ -174,3 +186,5 @@ async def serve(*, listen_host: str | None = None) -> None:
         if control is not None:
             await control.close()
         auditor.close()
+        if notices is not None:
+            notices.close()

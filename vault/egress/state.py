@@ -2,8 +2,11 @@
 
 A sandbox's policy (its identity, the networking of its environment, the credentials of the session that
 holds it now, the session's repositories) is cached per sandbox for EGRESS_CACHE_SECONDS; opened secrets
-are cached per (record, secret_version), so a new value is used as soon as the policy is read again. The
-database is only read on threads (`asyncio.to_thread`): the proxy's event loop never blocks on it.
+are cached per (record, secret_version), so a new value is used as soon as the policy is read again. On
+PostgreSQL the database also tells the proxy at commit what changed (`notices.py`), and the policies it
+names are read again at the next request: a sandbox passed to another session, or a credential archived,
+takes effect at once, not after the cache's time. The database is only read on threads
+(`asyncio.to_thread`): the proxy's event loop never blocks on it.
 """
 
 from __future__ import annotations
@@ -115,7 +118,9 @@ class Loader:
         ):
             networking = _with_mcp_servers(networking, session.agent_snapshot or {})
         if session is None:
-            return SandboxPolicy(sandbox.id, sandbox.egress_token_hash, "", networking)
+            return SandboxPolicy(
+                sandbox.id, sandbox.egress_token_hash, "", networking, environment_id=sandbox.environment_id
+            )
         vault_ids = list(session.vault_ids or [])
         usable = list(Vault.objects.usable().filter(id__in=vault_ids).values_list("id", flat=True))
         credentials = []
@@ -149,6 +154,7 @@ class Loader:
             tuple(credentials),
             self._repositories(session.id),
             tuple(usable),
+            environment_id=sandbox.environment_id,
         )
 
     def _repositories(self, session_id: str) -> tuple[Repository, ...]:
@@ -209,13 +215,17 @@ def _with_mcp_servers(networking: dict[str, Any], agent: dict[str, Any]) -> dict
 
 
 class Policies:
-    """The policy of each sandbox, cached for `ttl` seconds; concurrent misses for one sandbox share a load."""
+    """The policy of each sandbox, cached for `ttl` seconds or until a notice names it; concurrent misses for
+    one sandbox share a load."""
 
     def __init__(self, loader: Loader, *, ttl: float) -> None:
         self.loader = loader
         self.ttl = ttl
         self._cache: dict[str, tuple[float, Any]] = {}
         self._loading: dict[str, asyncio.Future[Any]] = {}
+        # Moved by a notice that may concern a load under way: such a load may have read what the notice
+        # replaced, so it answers the requests that waited for it and is not kept.
+        self._epoch = 0
 
     async def get(self, sandbox_id: str) -> SandboxPolicy | None:
         policy = await self.of(sandbox_id)
@@ -229,6 +239,34 @@ class Policies:
         """Read `key`'s policy afresh next time (a credential of it changed here)."""
         self._cache.pop(key, None)
 
+    def notice(self, key: str) -> None:
+        """The database says `<kind>:<id>` changed (`notices.py`): forget every policy read from it.
+
+        `sandbox:` its own; `session:` the session's and those of the sandboxes it holds; `vault:` every policy
+        that uses the vault; `environment:` its sandboxes'; `*` all."""
+        kind, _, ident = key.partition(":")
+        if kind == "sandbox":
+            self._cache.pop(ident, None)
+            if self._loading.pop(ident, None) is not None:  # a request from now on reads afresh
+                self._epoch += 1
+            return
+        self._epoch += 1
+        self._loading.clear()
+        if kind == "session":
+            self._cache.pop(SESSION_KEY + ident, None)
+        stale = [
+            cached
+            for cached, (_, policy) in self._cache.items()
+            if kind not in ("session", "vault", "environment")  # `*`, or a kind not known here
+            or (kind == "session" and isinstance(policy, SandboxPolicy) and policy.session_id == ident)
+            or (kind == "vault" and policy is not None and ident in policy.vault_ids)
+            or (
+                kind == "environment" and isinstance(policy, SandboxPolicy) and policy.environment_id == ident
+            )
+        ]
+        for cached in stale:
+            del self._cache[cached]
+
     async def of(self, key: str) -> SandboxPolicy | SessionPolicy | None:
         hit = self._cache.get(key)
         if hit is not None and hit[0] > time.monotonic():
@@ -238,6 +276,7 @@ class Policies:
             return await pending
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._loading[key] = future
+        epoch = self._epoch
         try:
             policy = await asyncio.to_thread(self.loader.load, key)
         except Exception as error:
@@ -245,11 +284,13 @@ class Policies:
             future.exception()  # retrieved: waiters, if any, get it
             raise
         finally:
-            self._loading.pop(key, None)
+            if self._loading.get(key) is future:
+                del self._loading[key]
         if len(self._cache) > MAX_CACHED:  # ids that do not exist, asked for many times
             now = time.monotonic()
             self._cache = {k: v for k, v in self._cache.items() if v[0] > now and v[1] is not None}
-        self._cache[key] = (time.monotonic() + self.ttl, policy)
+        if epoch == self._epoch:
+            self._cache[key] = (time.monotonic() + self.ttl, policy)
         future.set_result(policy)
         return policy
 

@@ -37,6 +37,7 @@ GIT_TOKEN = "ghp_canary_git_7d1e0c9a5b3f"
 RUN = uuid.uuid4().hex[:8]
 STREAMED_OVER = 2048
 DOOR_HOST = "127.0.0.3"
+POLICY_CACHE_SECONDS = 600
 
 
 @dataclass
@@ -188,7 +189,9 @@ def egress(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: Any) 
                     EGRESS_UPSTREAM_CA=str(ca.ca_file),
                     EGRESS_CONTROL_URL=f"http://127.0.0.1:{control_port}",
                     EGRESS_CONTROL_TOKEN="control-token",
-                    EGRESS_CACHE_SECONDS="1",
+                    # Long: a change must reach the proxy by the database's notice at its commit, not by
+                    # the cache running out, or the tests that change a policy fail.
+                    EGRESS_CACHE_SECONDS=str(POLICY_CACHE_SECONDS),
                     # Small, so that longer answers take the streaming path (scrubbed chunk by chunk).
                     EGRESS_BUFFER_BYTES=str(STREAMED_OVER),
                     DATABASE_POOL="false",

@@ -26,7 +26,7 @@ from tests.vault.egress.conftest import GIT_TOKEN, STREAMED_OVER, Egress, health
 from vault import crypto
 from vault.egress.policy import placeholder
 from vault.models import CredentialUse, RepositorySecret
-from vault.services import credential_create, vault_create
+from vault.services import credential_archive, credential_create, vault_create
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
@@ -261,6 +261,20 @@ def test_a_request_without_a_valid_sandbox_identity_gets_a_407_that_says_why(egr
 def test_the_control_endpoint_answers_healthz_and_its_door(egress: Egress):
     assert healthz(egress)["status"] == "ok"
     assert healthz(egress)["workers_door"] == egress.door_url.removeprefix("http://")
+    assert healthz(egress)["policy_notices"] == "listening"
+
+
+def test_an_archived_credential_is_not_added_from_its_commit_on(egress: Egress):
+    vault = vault_create(display_name="archived")
+    credential = _env_credential(vault.id, hosts=["127.0.0.1"])
+    sandbox = _hand(_limited("127.0.0.1"), vault_ids=[vault.id])
+    _fetch(sandbox, f"{egress.echo.url}/before", headers=("Authorization: Bearer $ECHO_TOKEN",))
+    assert egress.echo.seen[-1][1]["Authorization"] == f"Bearer {CANARY}"
+    credential_archive(vault.id, credential.id, actor="test")
+    # The proxy read this sandbox's policy a moment ago and keeps it for 600 s: only the notice makes it
+    # read again.
+    _fetch(sandbox, f"{egress.echo.url}/after", headers=("Authorization: Bearer $ECHO_TOKEN",))
+    assert egress.echo.seen[-1][1]["Authorization"] == f"Bearer {placeholder(credential.id)}"
 
 
 def test_git_clone_pull_and_push_through_the_proxy_land_with_the_token_never_in_the_sandbox(
@@ -339,9 +353,12 @@ def test_a_hand_passed_to_another_session_gets_that_sessions_placeholders_and_se
     assert _bash(sandbox, "echo $ECHO_TOKEN").strip() == placeholder(mine.id)
     environment = Sandbox.objects.get(id=sandbox.id).environment
     receiver = make_session(environment_id=environment.id, vault_ids=[second.id])
+    # The proxy has read the first session's policy for this sandbox, and keeps it for the fixture's 600 s.
+    _fetch(sandbox, f"{egress.echo.url}/before", headers=("Authorization: Bearer $ECHO_TOKEN",))
+    assert egress.echo.seen[-1][1]["Authorization"] == f"Bearer {CANARY}"
     sandbox_transfer(sandbox.id, receiver)
     assert _bash(sandbox, "echo $ECHO_TOKEN").splitlines()[0] == placeholder(theirs.id)
-    time.sleep(1.5)  # the proxy's policy cache (EGRESS_CACHE_SECONDS=1 in these tests)
+    # At once: the database told the proxy at the transfer's commit.
     out = _fetch(sandbox, f"{egress.echo.url}/call", headers=("Authorization: Bearer $ECHO_TOKEN",))
     assert "STATUS 200" in out and "second-canary" not in out, out
     assert egress.echo.seen[-1][1]["Authorization"] == "Bearer second-canary-77a1"

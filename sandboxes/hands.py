@@ -509,7 +509,8 @@ def sandbox_attach(
         if name is not None:
             _check_name(name)
         sandbox.session_id, sandbox.name = session_id, _free_name(session_id, name or sandbox.name)
-        sandbox.save(update_fields=["session", "name"])
+        sandbox.last_used_at = timezone.now()  # a hand changing sessions starts its idle time again
+        sandbox.save(update_fields=["session", "name", "last_used_at"])
         emit_event(session_id, events.sandbox_attached(sandbox.id, sandbox.name))
         audit(receiver.workspace_id, actor, "sandbox.attached", sandbox.id, session=session_id)
     return _handed_over(sandbox, session_id)
@@ -523,8 +524,8 @@ def sandbox_detach(sandbox_id: str, *, emit: Emit | None = None) -> Sandbox:
             raise Invalid(f"Sandbox {sandbox_id} is not attached to any session.")
         (emit or _log(sandbox.session_id))(events.sandbox_detached(sandbox.id, sandbox.name))
         leave_pool(sandbox)
-        sandbox.session_id = None
-        sandbox.save(update_fields=["session", "labels"])
+        sandbox.session_id, sandbox.last_used_at = None, timezone.now()
+        sandbox.save(update_fields=["session", "labels", "last_used_at"])
     return sandbox
 
 
@@ -548,7 +549,8 @@ def sandbox_transfer(
         _same_workspace(sandbox, receiver, NotFound("session", to_session_id))
         (emit or _log(source))(events.sandbox_detached(sandbox.id, sandbox.name, to_session=to_session_id))
         sandbox.session_id, sandbox.name = to_session_id, _free_name(to_session_id, sandbox.name)
-        sandbox.save(update_fields=["session", "name"])
+        sandbox.last_used_at = timezone.now()
+        sandbox.save(update_fields=["session", "name", "last_used_at"])
         emit_event(
             to_session_id,
             events.sandbox_attached(sandbox.id, sandbox.name, from_session=source),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import Q
@@ -38,16 +38,30 @@ def reap_idle() -> list[str]:
         .exclude(session__isnull=True, labels__contains={"returned": True})
     )
     for sandbox in ready.select_related("environment", "session"):
-        ttl = idle_seconds(sandbox)
+        cutoff = now - timedelta(seconds=idle_seconds(sandbox))
         session = sandbox.session
         ended = session is not None and (session.status == "terminated" or session.deleted_at is not None)
         if ended:
             if sandbox_release(sandbox.id).status != Sandbox.Status.READY:  # returned ones stay ready
                 reaped.append(sandbox.id)
-        elif sandbox.last_used_at < now - timedelta(seconds=ttl):
+        elif sandbox.last_used_at < cutoff and _claim_idle(sandbox, cutoff):
             sandbox_terminate(sandbox.id)
             reaped.append(sandbox.id)
     return reaped
+
+
+def _claim_idle(sandbox: Sandbox, cutoff: datetime) -> bool:
+    """Mark an idle sandbox dead for its end, in one conditional update: only if it is still ready, with the
+    holder (or none) this round read, and untouched since the cutoff. An attach, transfer, detach or call
+    between the round's read and now moved one of those, and wins: the sandbox is not ended under it."""
+    return bool(
+        Sandbox.objects.filter(
+            id=sandbox.id,
+            status=Sandbox.Status.READY,
+            session_id=sandbox.session_id,
+            last_used_at__lt=cutoff,
+        ).update(status=Sandbox.Status.DEAD)
+    )
 
 
 def reap_orphans(providers: tuple[str, ...] = PROVIDERS) -> list[str]:

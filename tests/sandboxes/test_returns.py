@@ -14,6 +14,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from harness.services.lifecycle import session_archive, session_create
+from kernel.errors import Invalid
 from sandboxes import hands, provisioning
 from sandboxes.hands import held, sandbox_release
 from sandboxes.models import Environment, Sandbox
@@ -234,9 +235,10 @@ def test_a_release_that_loses_the_race_to_another_leaves_the_returned_sandbox_al
 
 
 def test_the_attach_list_leaves_out_returned_sandboxes_and_the_reaper_ends_idle_free_ones(docker_engine):
-    """The UI's list of sandboxes to attach holds a detached sandbox but not a returned one (a NOT over a
-    label's key would have dropped every sandbox without the key); and a detached sandbox idle past its
-    environment's TTL (an hour) is reaped like any other."""
+    """The UI's list of sandboxes to attach holds a detached sandbox and a warm-pool member, but not a returned
+    one nor a pool member with a checkout (attach refuses both; a NOT over a label's key would have dropped
+    every sandbox without the key); and a detached sandbox idle past its environment's TTL (an hour) is reaped
+    like any other."""
     environment_id = make_environment()
     session_id = session_create(agent=make_agent(tools=TOOLSET), environment_id=environment_id).id
     assert results(turn(session_id, "/bash echo used")) == [("used", False)]
@@ -246,7 +248,15 @@ def test_the_attach_list_leaves_out_returned_sandboxes_and_the_reaper_ends_idle_
     returned = Sandbox.objects.create(
         environment=environment, provider="docker", status=Sandbox.Status.READY, labels={"returned": True}
     )
-    assert [s.id for s in free_sandboxes(environment.workspace_id)] == [detached.id]
+    checked_out, pooled = (
+        Sandbox.objects.create(
+            environment=environment, provider="docker", status=Sandbox.Status.READY, labels=labels
+        )
+        for labels in ({"pooled": True, "prepared": {"url": "https://git.example/r.git"}}, {"pooled": True})
+    )
+    with pytest.raises(Invalid, match="warm pool with a repository checked out"):
+        hands.sandbox_attach(checked_out.id, session_id)
+    assert [s.id for s in free_sandboxes(environment.workspace_id)] == [pooled.id, detached.id]
     assert reap_idle() == []
     Sandbox.objects.filter(id=detached.id).update(last_used_at=timezone.now() - timedelta(hours=2))
     assert reap_idle() == [detached.id]

@@ -167,13 +167,14 @@ def session_brain(session: Session) -> Brain:
 
 
 def free_sandboxes(workspace_id: str) -> list[Sandbox]:
-    """The sandboxes an operator may attach: not those returned unused, kept for provisioning alone
-    (sandboxes/returns.py)."""
+    """The sandboxes an operator may attach: not those returned unused, nor warm-pool members with a checkout,
+    kept for provisioning alone (sandboxes/returns.py, `sandbox_attach`)."""
     return list(
         Sandbox.objects.filter(
             session__isnull=True, status=Sandbox.Status.READY, environment__workspace_id=workspace_id
         )
         .exclude(labels__contains={"returned": True})  # (a key lookup's NOT would drop rows without it)
+        .exclude(labels__contains={"pooled": True}, labels__has_key="prepared")
         .select_related("environment")
         .order_by("-created_at")
     )

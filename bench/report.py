@@ -84,6 +84,13 @@ def commits(stats: dict[str, Any] | None) -> str:
     return f"{stats['n']}, {stats['ms']:,} ms, {num(stats.get('longest_seen_ms'), 0)} ms"
 
 
+def stolen(stats: dict[str, Any] | None) -> str:
+    """The CPU time the hypervisor took in a phase (bench/ttft), or a dash where it was not read."""
+    if not stats or stats.get("mean") is None:
+        return "–"
+    return f"{100 * stats['mean']:.0f} % / {100 * stats['max']:.0f} %; {stats['seconds_over_a_quarter']} s"
+
+
 def num(value: float | None, digits: int = 1) -> str | None:
     return None if value is None else f"{value:,.{digits}f}"
 
@@ -407,6 +414,7 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
             "seconds",
             "running at once (mean; min–max)",
             "CPU pressure",
+            "CPU taken by the host (steal): mean / max; seconds over 25 %",
             "model asked directly, TTFT p50 / p95",
             "load average at the end",
             "client loop lag p99",
@@ -419,6 +427,7 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
                 num(p["seconds"], 0),
                 f"{p['running_at_once']['mean']}; {p['running_at_once']['min']}–{p['running_at_once']['max']}",
                 p.get("cpu_pressure"),
+                stolen(p.get("cpu_stolen")),
                 f"{p['model_direct_ttft_ms']['p50']} / {p['model_direct_ttft_ms']['p95']} ms",
                 ", ".join(map(str, p.get("load_average_at_end", []))),
                 f"{p.get('client_loop_lag_ms', {}).get('p99')} ms",

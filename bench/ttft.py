@@ -81,6 +81,7 @@ from bench.common.machine import (  # noqa: E402
     cpu_pressure_us,
     load_average,
     machine_info,
+    stolen,
 )
 from bench.common.processes import free_port, wait_until  # noqa: E402
 from bench.common.results import (  # noqa: E402
@@ -203,9 +204,13 @@ class Phase:
 
     name: str
     start_s: float = 0.0  # from the start of the first phase
+    start_epoch: float = 0.0  # the wall clock then (to line the phase up with other records of the machine)
     seconds: float = 0.0
     running: list[int] = field(default_factory=list)  # sessions running, sampled each second
     cpu_busy: list[float] = field(default_factory=list)
+    # The share of the CPUs' time the hypervisor gave to others (steal), each second: a machine-wide slowness
+    # no process of ours is charged for; it is in cpu_busy too.
+    cpu_stolen: list[float] = field(default_factory=list)
     pg_connections: list[int] = field(default_factory=list)
     live_sandboxes: list[int] = field(default_factory=list)
     model_probe_ms: list[float] = field(default_factory=list)  # the model asked directly
@@ -228,7 +233,13 @@ class Phase:
                 "min": min(self.running, default=0),
                 "max": max(self.running, default=0),
             },
+            "started_epoch": round(self.start_epoch, 3),
             "cpu_busy_mean": round(statistics.fmean(self.cpu_busy), 3) if self.cpu_busy else None,
+            "cpu_stolen": {
+                "mean": round(statistics.fmean(self.cpu_stolen), 3) if self.cpu_stolen else None,
+                "max": max(self.cpu_stolen, default=None),
+                "seconds_over_a_quarter": sum(x > 0.25 for x in self.cpu_stolen),
+            },
             "cpu_pressure": self.cpu_pressure,
             "load_average_at_end": self.load_average,
             "cores_used": {
@@ -660,7 +671,7 @@ class Run:
             await asyncio.sleep(1.0)
             running, connections, sandboxes = await asyncio.to_thread(system_counts)
             now, committed = cpu_jiffies(), btrfs_commits()
-            share, previous = busy(previous, now), now
+            share, taken, previous = busy(previous, now), stolen(previous, now), now
             if (phase := self.phase) is not None:
                 at = round(time.perf_counter() - self.t0, 1)
                 if commits and committed and committed[0] > commits[0]:
@@ -670,6 +681,7 @@ class Run:
                 self.timeline.append((at, running))
                 phase.running.append(running)
                 phase.cpu_busy.append(share)
+                phase.cpu_stolen.append(taken)
                 phase.pg_connections.append(connections)
                 phase.live_sandboxes.append(sandboxes)
             commits = committed
@@ -727,6 +739,11 @@ class Run:
                 + " | ".join(parts)
                 + f" | in flight {self.in_flight}, running {phase.running[-1] if phase.running else 0}, CPU "
                 f"{100 * statistics.fmean(phase.cpu_busy[-15:] or [0]):.0f}%"
+                + (
+                    f" ({100 * taken:.0f}% taken by the host)"
+                    if (taken := statistics.fmean(phase.cpu_stolen[-15:] or [0])) >= 0.05
+                    else ""
+                )
                 + (f", failed {failed}" if failed else "")
             )
 
@@ -760,7 +777,7 @@ class Run:
         """Run one phase's sessions at their arrival times, with the machine's figures taken meanwhile."""
         if not self.phases:
             self.t0 = time.perf_counter()
-        phase = Phase(name, start_s=time.perf_counter() - self.t0)
+        phase = Phase(name, start_s=time.perf_counter() - self.t0, start_epoch=time.time())
         for sample in schedule:
             sample.arrival_s = round(sample.arrival_s + phase.start_s, 3)
         self.samples += schedule

@@ -122,6 +122,14 @@ def busy(before: list[float], now: list[float]) -> float:
     return 1 - ((now[3] + now[4]) - (before[3] + before[4])) / max(1e-9, sum(now) - sum(before))
 
 
+def stolen(before: list[float], now: list[float]) -> float:
+    """The share of the CPUs' time between two `cpu_jiffies()` a hypervisor gave to other guests (steal): on a
+    shared virtual machine, a slowness of the whole machine that no process here is charged for."""
+    if len(now) < 8 or len(before) < 8:
+        return 0.0
+    return round((now[7] - before[7]) / max(1e-9, sum(now) - sum(before)), 3)
+
+
 def busy_cpu_seconds() -> float:
     """The CPU seconds the machine has spent so far, all CPUs, neither idle nor waiting on I/O."""
     now = cpu_jiffies()

@@ -7,7 +7,6 @@ from typing import Any
 
 from harness.mcp import exposed_name_of
 from kernel.errors import Invalid
-from sessions.selectors import get_events
 
 CONTEXT_TYPES = ("full", "window", "compaction")
 
@@ -179,12 +178,14 @@ def _well_formed(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return cleaned
 
 
-def context_events(
-    session_id: str, strategy: dict[str, Any], events: list[Any]
-) -> tuple[list[Any], str | None]:
-    """The slice of the log a strategy shows the model, and any summary prefix. The log is not changed."""
+def context_events(strategy: dict[str, Any], events: list[Any]) -> tuple[list[Any], str | None]:
+    """The slice of the log a strategy shows the model, and any summary prefix. The log is not changed.
+
+    `events` is the whole log as the brain knows it, from seq 0 (harness/cache.py): a window is its tail,
+    the very events the request's `through_seq` names (a read of the database here cost a query and a model
+    instance for each of the window's events on every call, and could show an event the brain had not read)."""
     if strategy["type"] == "window":
-        return get_events(session_id, -strategy["last_events"]), None
+        return events[-strategy["last_events"] :], None
     if strategy["type"] == "compaction":
         compacted = [
             e for e in events if e.type == "agent.thread_context_compacted" and e.payload.get("summary")

@@ -69,9 +69,7 @@ class CallModel:
         return None
 
     def _attempt(self, brain: Brain) -> None:
-        shown, prefix = context_events(
-            brain.session_id, self.agent.get("context") or {"type": "full"}, brain.events
-        )
+        shown, prefix = context_events(self.agent.get("context") or {"type": "full"}, brain.events)
         request: dict[str, Any] = {
             "model": self.agent["model"]["id"],
             "max_tokens": settings.MODEL_MAX_TOKENS,

@@ -129,7 +129,18 @@ def test_a_second_brain_finds_the_lease_taken_and_writes_nothing(model_url):
     assert [e.type for e in log(session_id)] == ["user.message"]
 
 
-def test_the_window_strategy_shows_the_model_a_slice_and_changes_no_event(model_url):
+def test_the_window_strategy_shows_the_model_a_slice_and_changes_no_event(model_url, monkeypatch):
+    from harness.context import messages_from_events
+    from harness.harnesses import steps
+
+    shown: list[list] = []
+    real = steps.stream_response
+
+    def recording(request, **kwargs):
+        shown.append(request["messages"])
+        return real(request, **kwargs)
+
+    monkeypatch.setattr(steps, "stream_response", recording)
     session_id = session_with(context={"type": "window", "last_events": 4})
     for text in ("one", "two", "three"):
         say(session_id, text)
@@ -141,6 +152,13 @@ def test_the_window_strategy_shows_the_model_a_slice_and_changes_no_event(model_
         "You said: three",
     ]
     assert [e.seq for e in events] == list(range(len(events)))
+    # Each request showed the last 4 events of the log its span says it read, and no earlier one.
+    starts = [e for e in events if e.type == "span.model_request_start"]
+    assert len(starts) == len(shown) == 3
+    for start, messages in zip(starts, shown, strict=True):
+        through = start.payload["through_seq"]
+        assert messages == messages_from_events(events[: through + 1][-4:])
+    assert "one" not in str(shown[-1]) and "three" in str(shown[-1])
 
 
 def test_compaction_summarises_older_events_and_keeps_them(model_url):

@@ -354,14 +354,22 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
         "",
     ]
     if platform:
+        control = platform.get("control")
         out += [
             f"**Phase 2** — the platform's own share with sessions running at once: {plan['platform_sessions']} "
             f"decoupled sessions at {plan['platform_rate']:g}/s beside the same background, without phase 1's "
-            "coupled clones.",
+            "coupled clones"
+            + (
+                f"; and, as a control, as many *{control['mode']}* at arrivals of their own at the same rate."
+                if control
+                else "."
+            ),
             "",
         ]
+        groups = [("decoupled", platform)] + ([(f"{control['mode']} (control)", control)] if control else [])
         out += md_table(
             [
+                "sessions",
                 "n",
                 "p50 ms",
                 "p95 ms",
@@ -376,18 +384,20 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
             ],
             [
                 [
-                    platform["n"],
-                    num(platform["p50_ms"], 0),
-                    num(platform["p95_ms"], 0),
-                    num(platform["p99_ms"], 0),
-                    num(platform["platform_p50_ms"], 0),
-                    num(platform["platform_p95_ms"], 0),
-                    num(platform["platform_p99_ms"], 0),
-                    num(platform["committed_p50_ms"], 0),
-                    num(platform["brain_p50_ms"], 0),
-                    num(platform["to_request_p50_ms"], 0),
-                    num(platform["stream_path_p50_ms"], 0),
+                    label,
+                    group["n"],
+                    num(group["p50_ms"], 0),
+                    num(group["p95_ms"], 0),
+                    num(group["p99_ms"], 0),
+                    num(group["platform_p50_ms"], 0),
+                    num(group["platform_p95_ms"], 0),
+                    num(group["platform_p99_ms"], 0),
+                    num(group["committed_p50_ms"], 0),
+                    num(group["brain_p50_ms"], 0),
+                    num(group["to_request_p50_ms"], 0),
+                    num(group["stream_path_p50_ms"], 0),
                 ]
+                for label, group in groups
             ],
         )
         out += [
@@ -395,6 +405,21 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
             "timestamps.)",
             "",
         ]
+        if control and platform.get("ahead_adds_p50_ms") is not None:
+            spans = platform.get("by_window") or []
+            out += [
+                f"Provisioning ahead, side by side with the control: the share's p50 {num(platform['platform_p50_ms'], 1)} "
+                f"against {num(control['platform_p50_ms'], 1)} ms, {platform['ahead_adds_p50_ms']:+.1f} ms "
+                f"({platform['ahead_ratio_p50']:.2f}×)"
+                + (
+                    "; by fifths of the phase (with / without, ms): "
+                    + ", ".join(f"{num(w['ahead_p50_ms'], 0)} / {num(w['control_p50_ms'], 0)}" for w in spans)
+                    if spans
+                    else ""
+                )
+                + ".",
+                "",
+            ]
     out += md_table(
         ["target", "goal", "measured", "result"],
         [

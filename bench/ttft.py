@@ -26,7 +26,10 @@ the database every second and reported with the results.
 Phase 1 is the comparison above. Phase 2 measures the platform's own share of TTFT "with 50 sessions running
 at once" on its own: decoupled sessions only, at a steady rate, beside the same running background, without
 phase 1's stream of coupled clones competing for the machine. Both phases' figures are reported; the target
-on the platform's share is judged on phase 2.
+on the platform's share is judged on phase 2. Beside phase 2's decoupled sessions run as many *decoupled,
+not ahead* ones, at arrivals of their own at the same rate (`--no-platform-control` leaves them out): the
+share without provisioning ahead, measured in the same seconds, so that a slow stretch of the whole machine
+(this shared virtual machine's host takes up to a core at times) is not read as provisioning ahead's cost.
 
 Everything is real and local (bench/common/launcher.py): its own PostgreSQL and Redis, migrations, Daphne,
 Celery workers (threads pool) and beat (the sweeper, the reaper, pool maintenance), Docker sandboxes from
@@ -38,7 +41,7 @@ session's: terminated, or, provisioned ahead and never used, returned to the env
 container labelled with the run's `workbench.deployment` is removed.
 
 Usage: .venv/bin/python -m bench.ttft [--quick] [--per-mode N] [--rate R] [--background N]
-       [--platform-sessions N] [--seed S] [--note TEXT] [--logs DIR]
+       [--platform-sessions N] [--no-platform-control] [--seed S] [--note TEXT] [--logs DIR]
 
 Prints progress and a table, writes bench/results/ttft.json and ttft.png (ttft-quick.* with --quick) and
 exits 0 whether or not the targets are met (non-zero only if the run itself fails).
@@ -99,6 +102,7 @@ from bench.common.results import (  # noqa: E402
 
 MODES = ("coupled", "decoupled", "decoupled+pool", "decoupled, not ahead")
 AHEAD_MODES = ("decoupled", "decoupled+pool")  # provisioned ahead of the first tool call
+CONTROL_MODE = "decoupled, not ahead"  # phase 2's control: the same sessions, provisioning nothing ahead
 TOOL_RESULT_TARGET = 1.5  # first tool result p50, at most this many times the coupled mode's
 # The reference system's figures, taken as this benchmark's targets.
 P50_REDUCTION_TARGET = 0.60
@@ -141,6 +145,9 @@ class Plan:
     background_tool_seconds: float  # each background bash call sleeps this long first
     platform_sessions: int  # phase 2: decoupled sessions for the platform's share, with the background on
     platform_rate: float  # their mean arrivals per second
+    # Phase 2 also runs as many sessions that provision nothing ahead (`speculative: never`), at the same rate,
+    # interleaved: the share without provisioning ahead, measured in the same seconds as the share with it.
+    platform_control: bool = True
     provider: str = "docker"  # the sandboxes' provider: docker, or local (bubblewrap)
     workers: int = 4  # Celery worker processes (threads pool)
     threads: int = 25  # threads per worker
@@ -726,7 +733,7 @@ class Run:
                 x for x in self.samples if x.phase == phase.name and x.ttft_ms is not None and not x.warmup
             ]
             parts = []
-            for mode in MODES if phase.name == "compare" else ("decoupled",):
+            for mode in MODES if phase.name == "compare" else ("decoupled", CONTROL_MODE):
                 values = [x.ttft_ms for x in done if x.mode == mode]
                 parts.append(
                     f"{mode} {len(values)}" + (f" p50 {percentile(values, 0.5):.0f} ms" if values else "")
@@ -766,12 +773,18 @@ class Run:
         return schedule
 
     def platform_schedule(self) -> list[Sample]:
-        rng = random.Random(self.plan.seed + 1)
-        arrival, schedule = 0.0, []
-        for i in range(self.plan.platform_sessions):
-            schedule.append(Sample("platform", i, "decoupled", False, False, round(arrival, 3)))
-            arrival += rng.expovariate(self.plan.platform_rate)
-        return schedule
+        """Decoupled sessions at Poisson arrivals; with the control, as many not provisioning ahead, at arrivals
+        of their own at the same rate (so the decoupled ones meet the load they would alone, and more)."""
+        streams = [("decoupled", 1)] + ([(CONTROL_MODE, 2)] if self.plan.platform_control else [])
+        arrivals = []
+        for mode, seed in streams:
+            rng, arrival = random.Random(self.plan.seed + seed), 0.0
+            for _ in range(self.plan.platform_sessions):
+                arrivals.append((round(arrival, 3), mode))
+                arrival += rng.expovariate(self.plan.platform_rate)
+        return [
+            Sample("platform", i, mode, False, False, at) for i, (at, mode) in enumerate(sorted(arrivals))
+        ]
 
     async def measure(self, name: str, schedule: list[Sample]) -> Phase:
         """Run one phase's sessions at their arrival times, with the machine's figures taken meanwhile."""
@@ -1026,15 +1039,51 @@ def ratio(value: float | None, of: float | None) -> float | None:
 
 
 def summarise_platform(samples: list[Sample], plan: Plan) -> dict[str, Any]:
-    """Phase 2: decoupled sessions alone beside the running background."""
-    failed = sum(1 for x in samples if x.phase == "platform" and (x.errors or x.ttft_ms is None))
+    """Phase 2: decoupled sessions beside the running background (the target's figures), and the control's
+    beside them, if it ran: how much of the share provisioning ahead adds, measured in the same seconds."""
+
+    def failed(mode: str) -> int:
+        return sum(
+            1 for x in samples if x.phase == "platform" and x.mode == mode and (x.errors or x.ttft_ms is None)
+        )
+
     ok = good(samples, "platform", "decoupled")
-    return {
+    summary = {
         **figures(ok, plan),
-        "failed": failed,
+        "failed": failed("decoupled"),
         **parts(ok, plan),
         "returned_first_sandboxes": sum(1 for x in ok if x.returned),
     }
+    control = good(samples, "platform", CONTROL_MODE)
+    if control:
+        summary["control"] = {
+            "mode": CONTROL_MODE,
+            **figures(control, plan),
+            "failed": failed(CONTROL_MODE),
+            **parts(control, plan),
+        }
+        ahead, without = summary["platform_p50_ms"], summary["control"]["platform_p50_ms"]
+        summary["ahead_adds_p50_ms"] = None if ahead is None or without is None else round(ahead - without, 1)
+        summary["ahead_ratio_p50"] = ratio(ahead, without)
+        summary["by_window"] = windows(ok, control, plan)
+    return summary
+
+
+def windows(ok: list[Sample], control: list[Sample], plan: Plan, count: int = 5) -> list[dict[str, Any]]:
+    """The phase cut into `count` spans of arrivals, each span's share p50 with and without provisioning ahead:
+    a slow stretch of the whole machine shows in both columns; one of provisioning ahead's own, in one."""
+    arrivals = [x.arrival_s for x in ok + control]
+    start, end = min(arrivals), max(arrivals) + 1e-9
+    width = (end - start) / count
+    out = []
+    for k in range(count):
+        low, high = start + k * width, start + (k + 1) * width
+
+        def share(group: list[Sample], low: float = low, high: float = high) -> float | None:
+            return pct([x.ttft_ms - plan.model_ttft_ms for x in group if low <= x.arrival_s < high], 0.5)
+
+        out.append({"from_s": round(low, 1), "ahead_p50_ms": share(ok), "control_p50_ms": share(control)})
+    return out
 
 
 def goal(target: str, goal: str, measured: str | None, met: bool) -> dict[str, Any]:
@@ -1153,6 +1202,20 @@ def plot(
         )
         dots = {"color": colours["phase 2"], "markersize": 3, "label": "phase 2 (decoupled)"}
         over_time.plot([x.arrival_s for x in second], [x.ttft_ms for x in second], ".", **dots)
+    control = good(samples, "platform", CONTROL_MODE)
+    if control and platform.get("control"):
+        step(
+            ecdf,
+            [x.ttft_ms for x in control],
+            color=colours[CONTROL_MODE],
+            linestyle="--",
+            label=f"phase 2, {CONTROL_MODE} (control): p50 {ms(platform['control']['p50_ms'])}, "
+            f"p95 {ms(platform['control']['p95_ms'])} ms",
+        )
+        dots = {"color": colours[CONTROL_MODE], "markersize": 3, "marker": "x", "linestyle": "none"}
+        over_time.plot(
+            [x.arrival_s for x in control], [x.ttft_ms for x in control], label="phase 2 (control)", **dots
+        )
     ecdf.axvline(
         plan.model_ttft_ms,
         color="#777",
@@ -1251,6 +1314,13 @@ def arguments() -> argparse.ArgumentParser:
         "--background", type=int, help="sessions kept running besides the measured (default 50)"
     )
     parser.add_argument("--platform-sessions", type=int, help="phase 2's decoupled sessions (default 100)")
+    parser.add_argument(
+        "--no-platform-control",
+        dest="platform_control",
+        action="store_false",
+        default=None,
+        help="phase 2 without its control (as many sessions that provision nothing ahead, interleaved)",
+    )
     parser.add_argument("--seed", type=int, help="seed of the arrivals and of the repository")
     parser.add_argument(
         "--provider", choices=("docker", "local"), help="the sandboxes' provider (default docker)"
@@ -1267,7 +1337,7 @@ def arguments() -> argparse.ArgumentParser:
 
 
 def plan_of(args: argparse.Namespace) -> Plan:
-    options = ("per_mode", "rate", "background", "platform_sessions", "provider", "seed")
+    options = ("per_mode", "rate", "background", "platform_sessions", "platform_control", "provider", "seed")
     overrides = {k: getattr(args, k) for k in options if getattr(args, k) is not None}
     return replace(QUICK if args.quick else DEFAULT, **overrides)
 
@@ -1430,7 +1500,12 @@ def settings_of(plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
             "server": "offline_model in its own process",
         },
         "arrivals": f"phase 1: Poisson, mean {plan.rate:g}/s over all modes, modes round-robin, seed {plan.seed}; "
-        f"phase 2: Poisson, mean {plan.platform_rate:g}/s, decoupled only",
+        f"phase 2: Poisson, mean {plan.platform_rate:g}/s, decoupled"
+        + (
+            f"; and as many {CONTROL_MODE} (the control) at arrivals of their own at the same rate"
+            if plan.platform_control
+            else " only"
+        ),
         "web": "1 Daphne process",
         "workers": f"{plan.workers} Celery worker processes, --pool threads --concurrency {plan.threads}, "
         "prefetch multiplier 1",

@@ -360,7 +360,7 @@ def render_ttft(data: dict[str, Any]) -> tuple[list[str], int, int]:
             f"decoupled sessions at {plan['platform_rate']:g}/s beside the same background, without phase 1's "
             "coupled clones"
             + (
-                f"; and, as a control, as many *{control['mode']}* at arrivals of their own at the same rate."
+                f"; and, as a control, as many *{control['mode']}*, one halfway between each two."
                 if control
                 else "."
             ),

@@ -27,7 +27,7 @@ Phase 1 is the comparison above. Phase 2 measures the platform's own share of TT
 at once" on its own: decoupled sessions only, at a steady rate, beside the same running background, without
 phase 1's stream of coupled clones competing for the machine. Both phases' figures are reported; the target
 on the platform's share is judged on phase 2. Beside phase 2's decoupled sessions run as many *decoupled,
-not ahead* ones, at arrivals of their own at the same rate (`--no-platform-control` leaves them out): the
+not ahead* ones, one halfway between each two (`--no-platform-control` leaves them out): the
 share without provisioning ahead, measured in the same seconds, so that a slow stretch of the whole machine
 (this shared virtual machine's host takes up to a core at times) is not read as provisioning ahead's cost.
 
@@ -53,6 +53,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import itertools
 import json
 import math
 import os
@@ -773,17 +774,18 @@ class Run:
         return schedule
 
     def platform_schedule(self) -> list[Sample]:
-        """Decoupled sessions at Poisson arrivals; with the control, as many not provisioning ahead, at arrivals
-        of their own at the same rate (so the decoupled ones meet the load they would alone, and more)."""
-        streams = [("decoupled", 1)] + ([(CONTROL_MODE, 2)] if self.plan.platform_control else [])
-        arrivals = []
-        for mode, seed in streams:
-            rng, arrival = random.Random(self.plan.seed + seed), 0.0
-            for _ in range(self.plan.platform_sessions):
-                arrivals.append((round(arrival, 3), mode))
-                arrival += rng.expovariate(self.plan.platform_rate)
+        """Decoupled sessions at Poisson arrivals; with the control, one session not provisioning ahead halfway
+        between each two of them: as many, over the same seconds, and the decoupled ones meet the load they
+        would alone, and more."""
+        rng, arrivals = random.Random(self.plan.seed + 1), [0.0]
+        for _ in range(self.plan.platform_sessions):
+            arrivals.append(arrivals[-1] + rng.expovariate(self.plan.platform_rate))
+        schedule = [("decoupled", at) for at in arrivals[:-1]]
+        if self.plan.platform_control:
+            schedule += [(CONTROL_MODE, (at + after) / 2) for at, after in itertools.pairwise(arrivals)]
+        schedule.sort(key=lambda item: item[1])
         return [
-            Sample("platform", i, mode, False, False, at) for i, (at, mode) in enumerate(sorted(arrivals))
+            Sample("platform", i, mode, False, False, round(at, 3)) for i, (mode, at) in enumerate(schedule)
         ]
 
     async def measure(self, name: str, schedule: list[Sample]) -> Phase:
@@ -818,9 +820,15 @@ class Run:
         await self.measure("compare", compare)
         if self.plan.platform_sessions:
             platform = self.platform_schedule()
+            control = sum(x.mode == CONTROL_MODE for x in platform)
             say(
-                f"phase 2: {len(platform)} decoupled sessions at {self.plan.platform_rate:g}/s with the background "
-                "running, for the platform's share"
+                f"phase 2: {len(platform) - control} decoupled sessions at {self.plan.platform_rate:g}/s with the "
+                "background running, for the platform's share"
+                + (
+                    f"; and {control} {CONTROL_MODE}, one halfway between each two (the control)"
+                    if control
+                    else ""
+                )
             )
             await self.measure("platform", platform)
 
@@ -1502,7 +1510,7 @@ def settings_of(plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
         "arrivals": f"phase 1: Poisson, mean {plan.rate:g}/s over all modes, modes round-robin, seed {plan.seed}; "
         f"phase 2: Poisson, mean {plan.platform_rate:g}/s, decoupled"
         + (
-            f"; and as many {CONTROL_MODE} (the control) at arrivals of their own at the same rate"
+            f"; and as many {CONTROL_MODE} (the control), one halfway between each two"
             if plan.platform_control
             else " only"
         ),

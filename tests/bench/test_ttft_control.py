@@ -21,15 +21,16 @@ def schedule(**plan: Any) -> list[Sample]:
     return run.platform_schedule()
 
 
-def test_the_control_doubles_the_arrivals_and_leaves_the_decoupled_ones_where_they_were():
+def test_the_control_puts_one_session_between_each_two_decoupled_ones_which_stay_where_they_were():
     alone = schedule(platform_control=False)
     both = schedule()
     assert [x.mode for x in alone] == ["decoupled"] * DEFAULT.platform_sessions
     assert [x.arrival_s for x in both if x.mode == "decoupled"] == [x.arrival_s for x in alone]
-    assert sum(x.mode == CONTROL_MODE for x in both) == DEFAULT.platform_sessions
+    assert [x.mode for x in both] == ["decoupled", CONTROL_MODE] * DEFAULT.platform_sessions
     assert [x.arrival_s for x in both] == sorted(x.arrival_s for x in both)
     assert [x.index for x in both] == list(range(len(both)))
-    assert {x.mode for x in both[:20]} == {"decoupled", CONTROL_MODE}  # interleaved, not one after the other
+    first, control, second = both[:3]
+    assert control.arrival_s == round((first.arrival_s + second.arrival_s) / 2, 3)
 
 
 def sample(mode: str, at: float, share: float) -> Sample:

@@ -1494,7 +1494,7 @@ def finish(raw: dict[str, Any], *, name: str, quick: bool, note: str) -> int:
         "samples": [asdict(x) for x in samples],
         "timeline": raw["timeline"],
     }
-    title = plot_title(plan, repo, machine)
+    title = plot_title(plan, repo, machine, control="control" in platform)
     publish(name, result, lambda png: plot(png, samples, rows, platform, plan, raw["timeline"], title))
     return 0
 
@@ -1549,16 +1549,19 @@ def replot(path: Path) -> int:
     plan = Plan(**data["plan"])
     samples = [Sample(**x) for x in data["samples"]]
     timeline = [tuple(x) for x in data["timeline"]]
-    title = plot_title(plan, data["settings"]["repository"], data["machine"])
+    title = plot_title(
+        plan, data["settings"]["repository"], data["machine"], control="control" in data["platform"]
+    )
     plot(path.with_suffix(".png"), samples, data["summary"], data["platform"], plan, timeline, title)
     say(f"redrew {path.with_suffix('.png').relative_to(ROOT)}")
     return 0
 
 
-def plot_title(plan: Plan, repo: dict[str, Any], machine: dict[str, Any]) -> str:
+def plot_title(plan: Plan, repo: dict[str, Any], machine: dict[str, Any], *, control: bool) -> str:
     return (
         f"bench/ttft on {machine['nproc']} CPUs: {plan.per_mode} sessions per mode at {plan.rate:g}/s, then "
-        f"{plan.platform_sessions} decoupled; {plan.background} background sessions running; repository "
+        f"{plan.platform_sessions} decoupled{' + as many not ahead (control)' if control else ''}; "
+        f"{plan.background} background sessions running; repository "
         f"{repo['files']} files / {repo['tree_mb']} MB; {plan.provider} sandboxes; model TTFT {plan.model_ttft_ms:g} ms; "
         f"{machine['date']}"
     )

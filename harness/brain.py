@@ -168,6 +168,11 @@ class Brain:
         ):
             self._ahead = Ahead(self.session_id, epoch=self.epoch, always=policy == "always")
 
+    def model_answered(self) -> None:
+        """The model answered the turn's request: a provisioning ahead waiting for that begins."""
+        if self._ahead is not None:
+            self._ahead.answered()
+
     def wait_for_hands(self) -> None:
         """Before a sandbox is used, provisioned or released: the provisioning ahead, if any, has ended."""
         if self._ahead is not None:

@@ -80,16 +80,20 @@ def stream_response(
     on_text: Callable[[int, str], None],
     cancelled: threading.Event,
     register_cancel: Callable[[Callable[[], None] | None], None],
+    on_answered: Callable[[], None] | None = None,
 ) -> Response:
     """Stream one Messages request. Text deltas go to `on_text(block_index, fragment)` as they arrive.
 
     `register_cancel` receives a function that aborts the stream from another thread. The SDK's raw
     event stream is folded here rather than by its `messages.stream()` helper, which rebuilds a snapshot
-    of the whole message on every event: the harness needs the blocks only once, at the end.
+    of the whole message on every event: the harness needs the blocks only once, at the end. `on_answered`
+    is called once the model has answered (the response's headers came), before its events are read.
     """
     try:
         stream = _create_stream(request)
         register_cancel(stream.close)
+        if on_answered is not None:
+            on_answered()
         with stream:
             if cancelled.is_set():
                 raise Cancelled()

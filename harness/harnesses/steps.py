@@ -126,7 +126,11 @@ class CallModel:
         brain.begin_cancellable()
         try:
             response = stream_response(
-                request, on_text=on_text, cancelled=brain.interrupted, register_cancel=brain.set_cancel_hook
+                request,
+                on_text=on_text,
+                cancelled=brain.interrupted,
+                register_cancel=brain.set_cancel_hook,
+                on_answered=brain.model_answered,
             )
         except (ModelError, Cancelled) as failure:
             brain.emit(

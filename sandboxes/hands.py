@@ -86,19 +86,19 @@ def _new_sandbox(environment: Environment, *, session: Session, name: str, label
     )
 
 
-def _give_up_a_stopped_brains_provisioning(session: Session, name: str) -> bool:
-    """A hand named `name` that an earlier brain of the session was still provisioning when it stopped (its
-    row is stamped with that brain's lease epoch, older than the session's now) is given up: that brain died,
-    or is refused at its next write, and the name would otherwise stay taken until the reaper's grace ran out,
-    failing every call meanwhile. Its container, if one started, is the reaper's. The caller holds the lock."""
-    return bool(
-        Sandbox.objects.filter(
-            session_id=session.id,
-            name=name,
-            status=Sandbox.Status.PROVISIONING,
-            labels__lease_epoch__lt=session.lease_epoch,
-        ).update(status=Sandbox.Status.DEAD)
-    )
+def _give_up_stopped_brains_provisionings(session: Session) -> None:
+    """The hands that earlier brains of the session were still provisioning when they stopped (a row stamped
+    with a brain's lease epoch, older than the session's now), whatever their names, are given up: those
+    brains died, or are refused at their next write, and each such row would otherwise keep its name taken and
+    count toward the session's cap until the reaper's grace ran out, failing calls meanwhile. A brain's
+    provisioning that started anyway ends its container itself, as its row is no longer provisioning; a dead
+    brain's container is the reaper's. Rows without an epoch (an operator's, through the API) are left. The
+    caller holds the lock."""
+    Sandbox.objects.filter(
+        session_id=session.id,
+        status=Sandbox.Status.PROVISIONING,
+        labels__lease_epoch__lt=session.lease_epoch,
+    ).update(status=Sandbox.Status.DEAD)
 
 
 def _check_name(name: str) -> None:
@@ -150,8 +150,8 @@ def sandbox_provision(
 ) -> Sandbox:
     """A new hand for the session under `name`, which must be a free, valid name within the session's cap.
 
-    `by_brain`: asked by the brain holding the session's lease, which first gives up what a stopped brain of
-    the session left provisioning under that name. `speculative`: before any call asked for it
+    `by_brain`: asked by the brain holding the session's lease, which first gives up what stopped brains of
+    the session left provisioning, under any name. `speculative`: before any call asked for it
     (`sandbox_provision_ahead`); labelled so until a call uses it."""
     emit = emit or _log(session_id)
     _check_name(name)
@@ -165,7 +165,7 @@ def sandbox_provision(
         )
         _refuse_self_hosted(session)
         if by_brain:
-            _give_up_a_stopped_brains_provisioning(session, name)
+            _give_up_stopped_brains_provisionings(session)
         _check_room(session, name)
         labels: dict[str, Any] = {"lease_epoch": session.lease_epoch} if by_brain else {}
         if speculative:

@@ -25,6 +25,7 @@ from harness.services.lifecycle import session_create, session_send_events
 from sandboxes.hands import held, resources_for, sandbox_provision
 from sandboxes.models import Environment, Sandbox
 from sandboxes.providers import Resources, SandboxError, ToolFailed
+from sessions.models import Session
 from sessions.selectors import get_events
 from tests.conftest import in_thread, make_agent, make_environment, on_postgres, require
 
@@ -203,6 +204,35 @@ def test_the_tool_path_refuses_a_hand_over_the_cap_and_says_how_to_release_one(b
     results = turn(session_id, '/tool release_sandbox {"name": "a"}\n/tool provision_sandbox {"name": "c"}')
     assert [is_error for _, is_error in results] == [False, False]
     assert [hand.name for hand in held(session_id)] == ["b", "c"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_hands_a_stopped_brain_left_provisioning_under_any_name_do_not_count_toward_the_cap(
+    brains, docker_engine
+):
+    """The next brain gives up every row an earlier brain of the session left provisioning (its lease epoch
+    older than the session's), not only one under the name it wants: each would otherwise hold a place under
+    the cap until the reaper's grace. An operator's provisioning (no epoch) still counts."""
+    session_id = new_session(max_sandboxes=2)
+    session = Session.objects.get(id=session_id)
+    environment = session.environment
+    stale = Sandbox.objects.create(
+        session=session,
+        environment=environment,
+        name="other",
+        provider="docker",
+        labels={"lease_epoch": session.lease_epoch},
+    )
+    operators = Sandbox.objects.create(
+        session=session, environment=environment, name="api", provider="docker"
+    )
+    [(said, is_error)] = turn(session_id, "/bash echo hi")
+    assert not is_error and said == "hi", said
+    stale.refresh_from_db()
+    operators.refresh_from_db()
+    assert stale.status == Sandbox.Status.DEAD
+    assert operators.status == Sandbox.Status.PROVISIONING
+    assert [hand.name for hand in held(session_id)] == ["main"]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1050,26 +1050,19 @@ def summarise_platform(samples: list[Sample], plan: Plan) -> dict[str, Any]:
     """Phase 2: decoupled sessions beside the running background (the target's figures), and the control's
     beside them, if it ran: how much of the share provisioning ahead adds, measured in the same seconds."""
 
-    def failed(mode: str) -> int:
-        return sum(
+    def of(mode: str) -> tuple[list[Sample], dict[str, Any]]:
+        """A mode's good sessions, and their figures, failures and parts."""
+        ok = good(samples, "platform", mode)
+        failed = sum(
             1 for x in samples if x.phase == "platform" and x.mode == mode and (x.errors or x.ttft_ms is None)
         )
+        return ok, {**figures(ok, plan), "failed": failed, **parts(ok, plan)}
 
-    ok = good(samples, "platform", "decoupled")
-    summary = {
-        **figures(ok, plan),
-        "failed": failed("decoupled"),
-        **parts(ok, plan),
-        "returned_first_sandboxes": sum(1 for x in ok if x.returned),
-    }
-    control = good(samples, "platform", CONTROL_MODE)
+    ok, summary = of("decoupled")
+    summary["returned_first_sandboxes"] = sum(1 for x in ok if x.returned)
+    control, control_figures = of(CONTROL_MODE)
     if control:
-        summary["control"] = {
-            "mode": CONTROL_MODE,
-            **figures(control, plan),
-            "failed": failed(CONTROL_MODE),
-            **parts(control, plan),
-        }
+        summary["control"] = {"mode": CONTROL_MODE, **control_figures}
         ahead, without = summary["platform_p50_ms"], summary["control"]["platform_p50_ms"]
         summary["ahead_adds_p50_ms"] = None if ahead is None or without is None else round(ahead - without, 1)
         summary["ahead_ratio_p50"] = ratio(ahead, without)
@@ -1083,15 +1076,15 @@ def windows(ok: list[Sample], control: list[Sample], plan: Plan, count: int = 5)
     arrivals = [x.arrival_s for x in ok + control]
     start, end = min(arrivals), max(arrivals) + 1e-9
     width = (end - start) / count
-    out = []
-    for k in range(count):
-        low, high = start + k * width, start + (k + 1) * width
 
-        def share(group: list[Sample], low: float = low, high: float = high) -> float | None:
-            return pct([x.ttft_ms - plan.model_ttft_ms for x in group if low <= x.arrival_s < high], 0.5)
+    def share(group: list[Sample], low: float) -> float | None:
+        return pct([x.ttft_ms - plan.model_ttft_ms for x in group if low <= x.arrival_s < low + width], 0.5)
 
-        out.append({"from_s": round(low, 1), "ahead_p50_ms": share(ok), "control_p50_ms": share(control)})
-    return out
+    lows = [start + k * width for k in range(count)]
+    return [
+        {"from_s": round(low, 1), "ahead_p50_ms": share(ok, low), "control_p50_ms": share(control, low)}
+        for low in lows
+    ]
 
 
 def goal(target: str, goal: str, measured: str | None, met: bool) -> dict[str, Any]:

@@ -141,28 +141,27 @@ def _fold_stream(stream: Any, on_text: Callable[[int, str], None]) -> Response:
         kind = event["type"]
         if kind == "content_block_delta":
             delta, index = event["delta"], event["index"]
-            kind = delta["type"]
-            if kind == "text_delta":
+            change = delta["type"]
+            if change == "text_delta":
                 blocks[index]["text"] += delta["text"]
                 on_text(index, delta["text"])
-            elif kind == "input_json_delta":
+            elif change == "input_json_delta":
                 json_parts[index].append(delta["partial_json"])
-            elif kind == "thinking_delta":
+            elif change == "thinking_delta":
                 blocks[index]["thinking"] += delta["thinking"]
-            elif kind == "signature_delta":
+            elif change == "signature_delta":
                 blocks[index]["signature"] += delta["signature"]
         elif kind == "content_block_start":
             block, index = event["content_block"], event["index"]
-            kind = block["type"]
-            if kind == "text":
+            if block["type"] == "text":
                 blocks[index] = {"type": "text", "text": block.get("text", "")}
-            elif kind == "thinking":
+            elif block["type"] == "thinking":
                 blocks[index] = {
                     "type": "thinking",
                     "thinking": block.get("thinking", ""),
                     "signature": block.get("signature") or "",
                 }
-            elif kind == "tool_use":
+            elif block["type"] == "tool_use":
                 blocks[index] = {"type": "tool_use", "name": block["name"], "input": block.get("input") or {}}
                 json_parts[index] = []
             else:

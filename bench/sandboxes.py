@@ -13,8 +13,10 @@ Prints a table and writes bench/results/sandboxes.json and sandboxes.png (sandbo
   sandboxes that go unused costs everyone else. The storage driver is in the results (`docker_storage`): on
   this repository's quota-enforcing btrfs it cost 1.7 times what overlay2 did (930 vs 540 ms p50);
 - execute vs raw docker exec, measured interleaved in one run: `execute(handle, "bash",
-  {"command": "echo hi"})` against a raw exec of `echo hi` in the same container (exec create,
-  start, inspect: what `docker exec` does), and the overhead of the first over the second pairwise;
+  {"command": "echo hi"})` (through the sandbox's relay, sandboxes/providers/relays.py) against a raw exec
+  of `echo hi` in the same container (exec create, start, inspect: what `docker exec` does), the overhead
+  of the first over the second pairwise, and execute as before relays (an exec of the toolbox client per
+  call); then the machine's CPU per call of both, over blocks of 20 calls, in turn;
 - the same for the local (bubblewrap) provider when bwrap works here.
 
 A warm pool (sandboxes provisioned ahead, handed out on demand) belongs to the Django layer: pass its
@@ -31,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -144,13 +147,22 @@ def provision_rows(
     return [row for _, name in measured for row in rows[name]]
 
 
+CPU_BLOCK = 20  # calls per sample of the machine's CPU per call (its counters tick every 10 ms)
+
+
 def docker_call_rows(provider: DockerProvider, *, samples: int) -> list[Row]:
-    """execute() and a raw exec of the same command, interleaved so that both see the same machine."""
+    """execute() (through the sandbox's relay), execute() through an exec of the client per call (as before
+    relays) and a raw exec of the same command, interleaved so that all see the same machine; and the machine's
+    CPU per call of the first two, over blocks of CPU_BLOCK calls each, also in turn."""
     api = provider.api
+    per_exec = DockerProvider(relay=False)
     handle = provider.provision(Resources(labels=LABELS))
     raw = Row("docker: raw docker exec (echo hi)")
     execute = Row("docker: execute bash (echo hi)")
     overhead = Row("docker: execute overhead over raw exec", target_p50_ms=TARGET_OVERHEAD_P50_MS)
+    one_shot = Row("docker: execute bash, an exec of the client per call (before relays)")
+    cpu = Row("docker: machine CPU per execute")
+    one_shot_cpu = Row("docker: machine CPU per execute, an exec per call (before relays)")
     try:
         provider.execute(handle, "bash", {"command": "true"})  # the daemon is up: measure calls only
         for n in range(samples + 5):
@@ -161,14 +173,23 @@ def docker_call_rows(provider: DockerProvider, *, samples: int) -> list[Row]:
             middle = time.perf_counter()
             assert provider.execute(handle, "bash", {"command": "echo hi"}) == "hi"
             ended = time.perf_counter()
+            assert per_exec.execute(handle, "bash", {"command": "echo hi"}) == "hi"
+            last = time.perf_counter()
             if n < 5:  # warm-up
                 continue
             raw.samples_ms.append((middle - started) * 1000)
             execute.samples_ms.append((ended - middle) * 1000)
             overhead.samples_ms.append((ended - middle - (middle - started)) * 1000)
+            one_shot.samples_ms.append((last - ended) * 1000)
+        for _ in range(max(3, samples // CPU_BLOCK // 2)):
+            for each, row in ((provider, cpu), (per_exec, one_shot_cpu)):
+                spent = busy_cpu_seconds()
+                for _ in range(CPU_BLOCK):
+                    each.execute(handle, "bash", {"command": "echo hi"})
+                row.samples_ms.append((busy_cpu_seconds() - spent) * 1000 / CPU_BLOCK)
     finally:
         provider.terminate(handle)
-    return [raw, execute, overhead]
+    return [raw, execute, overhead, one_shot, cpu, one_shot_cpu]
 
 
 def local_call_rows(provider: Provider, *, samples: int) -> list[Row]:
@@ -230,23 +251,28 @@ def run_rows(
 
 
 def plot(rows: list[Row], path: Path, title: str) -> None:
+    """Box plots, lying down so that the rows' names can be read: provisioning on a linear scale, calls on a
+    logarithmic one (a relayed call and an exec per call differ 30-fold)."""
     plt = pyplot()
     provision = [row for row in rows if "provision" in row.name]
     calls = [row for row in rows if "provision" not in row.name and "overhead" not in row.name]
-    figure, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-    for axis, group, title in ((axes[0], provision, "provisioning"), (axes[1], calls, "one call (echo hi)")):
+    height = 1.2 + 0.45 * max(len(provision), len(calls))
+    figure, axes = plt.subplots(1, 2, figsize=(16, height))
+    groups = ((axes[0], provision, "provisioning", "linear"), (axes[1], calls, "one call (echo hi)", "log"))
+    for axis, group, heading, scale in groups:
         if not group:
             axis.set_visible(False)
             continue
-        axis.boxplot([row.samples_ms for row in group], showfliers=True)
-        axis.set_xticks(
-            range(1, len(group) + 1), [row.name.replace(": ", ":\n") for row in group], fontsize=8
+        axis.boxplot([row.samples_ms for row in reversed(group)], vert=False, showfliers=True)
+        axis.set_yticks(
+            range(1, len(group) + 1), [textwrap.fill(row.name, 48) for row in reversed(group)], fontsize=7
         )
-        axis.set_ylabel("ms")
-        axis.set_title(title)
+        axis.set_xscale(scale)
+        axis.set_xlabel("ms (wall clock, or the machine's CPU where the row says so)")
+        axis.set_title(heading)
         for row in group:
             if row.target_p50_ms:
-                axis.axhline(row.target_p50_ms, color="tab:red", linestyle="--", linewidth=1)
+                axis.axvline(row.target_p50_ms, color="tab:red", linestyle="--", linewidth=1)
     save_figure(figure, path, title)
 
 

@@ -3,9 +3,11 @@
 The container's main process (under docker's init) is the toolbox's supervisor, as root with only
 CAP_SETUID and CAP_SETGID: it listens on the toolbox's socket in a directory only root may write, and
 forks the daemon, which drops to the sandbox user (uid 1000) and owns the shell; every process the
-model starts is the sandbox user's, with no capability. Each `execute` is one `docker exec` of the
-toolbox client, as root, which checks that root listens on the socket, relays the request and the
-reply back: see `sandboxes/toolbox/supervisor.py` for why, and `daemon.py` for the protocol. A daemon
+model starts is the sandbox user's, with no capability. Each `execute` goes through a `docker exec` of
+the toolbox's relay, as root, kept open for call after call (`relays.py`), which for each call checks
+that root listens on the socket, relays the request and the reply back: see
+`sandboxes/toolbox/supervisor.py` for why, and `daemon.py` for the protocol. A sandbox made by a
+Workbench whose toolbox had no relay is called through an exec of the one-shot client per call. A daemon
 that dies (killed by the model, or by the OOM killer) is forked again at once on the same socket, and
 the container's files survive it.
 """
@@ -30,13 +32,20 @@ import docker.errors
 import docker.types
 import requests.exceptions
 
-from sandboxes.toolbox.bundle import CLIENT_COMMAND, SANDBOX_PARENT, SUPERVISOR_COMMAND, archive
+from sandboxes.toolbox.bundle import (
+    CLIENT_COMMAND,
+    RELAY_COMMAND,
+    SANDBOX_PARENT,
+    SUPERVISOR_COMMAND,
+    archive,
+)
 from sandboxes.toolbox.bundle import digest as toolbox_digest
 from sandboxes.toolbox.disk import DISK_MB_ENV
 from sandboxes.toolbox.procs import PIDS_LIMIT_ENV
 
 from . import protocol
 from .base import Cancelled, EgressRoute, Resources, SandboxError, SandboxGone, ToolFailed
+from .relays import Frames, Relay, relays
 
 MANAGED_LABEL = "workbench.managed"
 CONTAINER_COMMAND = ["/bin/sh", "-c", f"cd {SANDBOX_PARENT} && exec {' '.join(SUPERVISOR_COMMAND)}"]
@@ -71,14 +80,21 @@ TOOLBOX_IMAGES_KEPT = 8
 _prepared: set[str] = set()
 _preparing = threading.Lock()
 _making_toolbox_image = threading.Lock()
+# Sandboxes whose toolbox has no relay (made by an earlier Workbench): called through a client per call.
+_without_relay: set[str] = set()
+# A relayed call with no reply yet looks whether its sandbox was paused after this long, then ever less often.
+PAUSED_LOOK_S = 1.0
+PAUSED_LOOK_MAX_S = 10.0
 
 
 class DockerProvider:
     name = "docker"
     capabilities = frozenset({"pause", "snapshot", "checkout_image"})
 
-    def __init__(self, *, api: docker.APIClient | None = None):
+    def __init__(self, *, api: docker.APIClient | None = None, relay: bool = True):
+        """`relay=False`: an exec of the one-shot client per call, as before relays (bench/sandboxes compares)."""
         self._api = api
+        self._relay = relay
 
     @property
     def api(self) -> docker.APIClient:
@@ -356,6 +372,7 @@ class DockerProvider:
 
     def terminate(self, handle: str) -> None:
         """Remove the container and its anonymous volumes; nothing happens if it is already gone."""
+        relays().drop(handle)
         with self._engine():
             try:
                 self.api.remove_container(handle, force=True, v=True)
@@ -422,24 +439,44 @@ class DockerProvider:
     def _exchange(
         self, handle: str, request: protocol.Request, cancelled: Cancelled | None
     ) -> tuple[str, bytes | None, str | None, bytes]:
-        """One call through one client: (exec id, the reply if complete, why stopped, stderr)."""
+        """One call: (exec id, the reply if complete, why stopped, stderr). Through a relay of the sandbox's,
+        or, where its toolbox has none, a client of its own."""
+        if self._relay and handle not in _without_relay:
+            relay = relays().take(handle) or Relay(*self._start_client(handle, RELAY_COMMAND))
+            paused = _PausedLook(self, handle)
+            finished, stopped = protocol.exchange(
+                relay.sock,
+                request,
+                cancelled=lambda: paused() or (cancelled is not None and cancelled()),
+                cancel=lambda: self._cancel(handle, request),
+                relayed=relay,
+            )
+            if finished:
+                reply = relay.take_reply()
+                relays().give_back(handle, relay)
+                return relay.exec_id, reply, stopped, b""
+            if paused.seen:
+                raise SandboxError("the sandbox is paused: unpause it before calling it")
+            if relay.greeted or b"relay.py" not in relay.frames.stderr:
+                return relay.exec_id, None, stopped, bytes(relay.frames.stderr)
+            _without_relay.add(handle)  # the relay never started, so the call never left: send it again
         exec_id, sock = self._start_client(handle)
-        frames = _Frames()
+        frames = Frames()
         finished, stopped = protocol.exchange(
             sock, request, cancelled=cancelled, cancel=lambda: self._cancel(handle, request), feed=frames.feed
         )
-        reply = bytes(frames.stdout) if finished and frames.stdout else None
-        return exec_id, reply, stopped, bytes(frames.stderr)
+        whole = bytes(frames.stdout) if finished and frames.stdout else None
+        return exec_id, whole, stopped, bytes(frames.stderr)
 
-    def _start_client(self, handle: str) -> tuple[str, socket.socket]:
-        """Start one toolbox client with its stdin attached; retried while the sandbox is at its pids
-        limit (the engine then cannot fork the client), which the toolbox clears within seconds."""
+    def _start_client(self, handle: str, command: list[str] = CLIENT_COMMAND) -> tuple[str, socket.socket]:
+        """Start one toolbox client (or relay) with its stdin attached; retried while the sandbox is at its
+        pids limit (the engine then cannot fork the client), which the toolbox clears within seconds."""
         give_up = time.monotonic() + EXEC_RETRY_S
         while True:
             try:
                 with self._engine(handle):
                     # As root: no process of the sandbox user's can trace the client.
-                    created = self.api.exec_create(handle, CLIENT_COMMAND, stdin=True, user="0", workdir="/")
+                    created = self.api.exec_create(handle, command, stdin=True, user="0", workdir="/")
                     exec_id = created["Id"]
                     response_socket = self.api.exec_start(exec_id, socket=True)
                 break
@@ -466,7 +503,7 @@ class DockerProvider:
                 while sock.recv(65536):
                     pass
             finally:
-                sock.close()
+                protocol.close(sock)
 
     def _lost_call(self, handle: str, exec_id: str, stderr: bytes) -> SandboxError:
         """Why a call ended without a reply: the container died (SandboxGone), or the client failed."""
@@ -618,23 +655,24 @@ def _at_pids_limit(message: str) -> bool:
     )
 
 
-class _Frames:
-    """Demultiplexes an exec's attached stream: 8-byte headers (stream, size) before each chunk."""
+class _PausedLook:
+    """Whether a relayed call waits on a paused sandbox: a relay frozen with its container answers nothing,
+    where a new exec is refused at once. Asked as the call waits; it looks (one inspect) PAUSED_LOOK_S after
+    the call began, then twice as long after each look, at most PAUSED_LOOK_MAX_S. A relay frozen before it
+    read the call finds its input ended once it thaws, and does not run it."""
 
-    def __init__(self) -> None:
-        self._pending = bytearray()
-        self.stdout = bytearray()
-        self.stderr = bytearray()
+    def __init__(self, provider: DockerProvider, handle: str) -> None:
+        self._provider, self._handle = provider, handle
+        self._gap = PAUSED_LOOK_S
+        self._next = time.monotonic() + self._gap
+        self.seen = False
 
-    def feed(self, data: bytes) -> None:
-        self._pending += data
-        while len(self._pending) >= 8:
-            size = int.from_bytes(self._pending[4:8], "big")
-            if len(self._pending) < 8 + size:
-                break
-            target = self.stdout if self._pending[0] == 1 else self.stderr
-            target += self._pending[8 : 8 + size]
-            del self._pending[: 8 + size]
-        if len(self.stdout) > protocol.MAX_REPLY_BYTES:
-            raise SandboxError("the sandbox's toolbox sent a reply larger than any it should")
-        del self.stderr[:-4096]
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._gap = min(2 * self._gap, PAUSED_LOOK_MAX_S)
+        self._next = now + self._gap
+        with contextlib.suppress(SandboxError), self._provider._engine(self._handle):
+            self.seen = bool(self._provider.api.inspect_container(self._handle)["State"].get("Paused"))
+        return self.seen

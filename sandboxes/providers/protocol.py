@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import socket
@@ -9,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .base import Cancelled, SandboxError, ToolFailed, ToolInputError
 
@@ -95,27 +96,47 @@ def interrupted(reason: str, request: Request) -> ToolFailed:
     )
 
 
+class Relayed(Protocol):
+    """A stream that carries call after call (the docker provider's relays): what `exchange` sends first for
+    a request, what it answers to what comes back, and when the reply is whole."""
+
+    def opening(self, request: Request) -> bytes: ...
+
+    def feed(self, data: bytes) -> bytes: ...  # what to send back at once (b"": nothing)
+
+    def has_reply(self) -> bool: ...
+
+
 def exchange(
     sock: socket.socket,
     request: Request,
     *,
     cancelled: Cancelled | None,
     cancel: Callable[[], None],
-    feed: Callable[[bytes], None],
+    feed: Callable[[bytes], None] | None = None,
+    relayed: Relayed | None = None,
 ) -> tuple[bool, str | None]:
     """Send the request on a connected stream, then read the reply into `feed` until the other side
-    closes, the caller cancels, or the hard deadline passes.
+    closes, the caller cancels, or the hard deadline passes; the stream is closed after.
+
+    On a `relayed` stream instead, what it says is sent, the sending side stays open, everything read
+    goes to it and what it answers is sent back (until the call is stopped); the reply ends once it has
+    it whole, and the stream is then left open for the next call.
 
     On a cancel or at the deadline, `cancel()` asks the toolbox to stop the call, and the reply it
     then sends (with the output so far) is still read for CANCEL_CONFIRM_S.
     Returns (whether the reply is complete, why the provider stopped the call or None).
     """
     stopped: str | None = None
+    finished = False
     now = time.monotonic()
     deadline, give_up = now + request.hard_deadline_s, float("inf")
     try:
-        sock.sendall(request.payload)
-        sock.shutdown(socket.SHUT_WR)
+        if relayed is None:
+            sock.sendall(request.payload)
+            sock.shutdown(socket.SHUT_WR)
+        else:
+            sock.sendall(relayed.opening(request))
         while now < give_up:
             if stopped is None:
                 if cancelled is not None and cancelled():
@@ -129,11 +150,29 @@ def exchange(
             if ready:
                 chunk = sock.recv(65536)
                 if not chunk:
-                    return True, stopped
-                feed(chunk)
+                    finished = relayed is None
+                    return finished, stopped
+                if relayed is not None:
+                    answer = relayed.feed(chunk)
+                    if relayed.has_reply():
+                        finished = True
+                        return finished, stopped
+                    if answer and stopped is None:  # a stopped call is not let run
+                        sock.sendall(answer)
+                elif feed is not None:
+                    feed(chunk)
             now = time.monotonic()
     except OSError:  # the stream broke: the sandbox died under the call
         pass
     finally:
-        sock.close()
+        if relayed is None or not finished:
+            close(sock)
     return False, stopped
+
+
+def close(sock: socket.socket) -> None:
+    """Shut the stream down, then close it: a socket the Docker SDK still holds a file object of is only
+    closed with that object, and the process at the other end would not see its input end."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()

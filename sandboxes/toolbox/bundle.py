@@ -21,6 +21,8 @@ DAEMON_COMMAND = ["python3", "-E", "-s", "-m", "toolbox.daemon"]
 SUPERVISOR_COMMAND = ["python3", "-E", "-s", "-m", "toolbox.supervisor", "--uid", str(SANDBOX_UID)]
 # -I -S: no site, no environment, no script directory: a bare interpreter starts fastest.
 CLIENT_COMMAND = ["python3", "-I", "-S", CLIENT]
+# The client's way for call after call over one exec (see relay.py).
+RELAY_COMMAND = ["python3", "-I", "-S", SANDBOX_DIR + "/relay.py"]
 
 
 def source_files() -> list[Path]:

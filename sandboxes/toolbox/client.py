@@ -1,8 +1,9 @@
 """Relay one request to the toolbox daemon: runs inside a docker sandbox, as root, once per tool call.
 
 The provider runs `python3 -I -S client.py` (one `docker exec`), writes the request to its stdin and
-reads the daemon's reply from its stdout. The relay neither parses nor builds JSON: it only moves
-bytes, so it starts in about the time of a bare interpreter.
+reads the daemon's reply from its stdout; `relay.py` relays call after call the same way (`call`) over
+one exec the provider keeps. The client neither parses nor builds JSON: it only moves bytes, so it
+starts in about the time of a bare interpreter.
 
 The socket is the supervisor's (see `supervisor.py`): bound in SOCKET_DIR, which only root may write,
 and listened on by root. Before sending anything the client asks the kernel who listens
@@ -26,6 +27,10 @@ LISTENER_UID = 0
 # The daemon's own files (call scripts, outputs, its log): the sandbox user's, as its commands are.
 RUNTIME_DIR = "/tmp/.toolbox"
 DAEMON_START_TIMEOUT_S = 10.0
+# relay.py's: what it writes first, and its frames' length prefix; it leaves after RELAY_IDLE_S unused.
+RELAY_HELLO = b"workbench toolbox relay 1\n"
+RELAY_HEADER_BYTES = 4
+RELAY_IDLE_S = 120.0
 
 
 class NotTheToolbox(OSError):
@@ -57,40 +62,47 @@ def connect(path=SOCKET_PATH, timeout_s=DAEMON_START_TIMEOUT_S, listener_uid=LIS
     return sock
 
 
-def _fail(kind, message):
-    sys.stdout.write(json.dumps({"ok": False, "error": kind, "message": message}))
-    return 3
+def _failure(kind, message):
+    return json.dumps({"ok": False, "error": kind, "message": message}).encode()
 
 
-def main():
-    request = sys.stdin.buffer.read()
+def call(request):
+    """(the daemon's reply to one request, whether the daemon replied): a connection of its own, its
+    listener checked first. Without a reply, the failure is worded as the daemon words one."""
     try:
         sock = connect()
     except (OSError, TimeoutError) as error:
-        return _fail("sandbox", f"the sandbox's toolbox is unreachable: {error}")
+        return _failure("sandbox", f"the sandbox's toolbox is unreachable: {error}"), False
     try:
-        sock.sendall(request)
-        sock.shutdown(_socket.SHUT_WR)
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # the daemon answered without reading it all (an error): relay that answer
-    out = sys.stdout.buffer
-    replied = False
-    while True:
         try:
-            chunk = sock.recv(65536)
-        except ConnectionResetError:
-            chunk = b""
-        if not chunk:
-            break
-        out.write(chunk)
-        replied = True
-    out.flush()
-    if not replied:
-        return _fail(
+            sock.sendall(request)
+            sock.shutdown(_socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon answered without reading it all (an error): relay that answer
+        chunks = []
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                chunk = b""
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        sock.close()
+    if not chunks:
+        return _failure(
             "failed",
             "the sandbox's toolbox ended during the call (was it killed?); a new one takes the next call",
-        )
-    return 0
+        ), False
+    return b"".join(chunks), True
+
+
+def main():
+    reply, replied = call(sys.stdin.buffer.read())
+    sys.stdout.buffer.write(reply)
+    sys.stdout.buffer.flush()
+    return 0 if replied else 3
 
 
 if __name__ == "__main__":

@@ -85,6 +85,8 @@ _without_relay: set[str] = set()
 # A relayed call with no reply yet looks whether its sandbox was paused after this long, then ever less often.
 PAUSED_LOOK_S = 1.0
 PAUSED_LOOK_MAX_S = 10.0
+NO_SUCH_SCRIPT = 2  # python's exit code for a script it cannot open
+EXIT_SETTLE_S = 1.0
 
 
 class DockerProvider:
@@ -440,14 +442,16 @@ class DockerProvider:
         self, handle: str, request: protocol.Request, cancelled: Cancelled | None
     ) -> tuple[str, bytes | None, str | None, bytes]:
         """One call: (exec id, the reply if complete, why stopped, stderr). Through a relay of the sandbox's,
-        or, where its toolbox has none, a client of its own."""
+        or a client of its own where its toolbox has no relay, or where the relay ended before it could be
+        told to run the call (which therefore never ran)."""
         if self._relay and handle not in _without_relay:
             relay = relays().take(handle) or Relay(*self._start_client(handle, RELAY_COMMAND))
             paused = _PausedLook(self, handle)
             finished, stopped = protocol.exchange(
                 relay.sock,
                 request,
-                cancelled=lambda: paused() or (cancelled is not None and cancelled()),
+                # Until GO the call waits on the relay, which a pause freezes; after, on the call itself.
+                cancelled=lambda: (not relay.went and paused()) or (cancelled is not None and cancelled()),
                 cancel=lambda: self._cancel(handle, request),
                 relayed=relay,
             )
@@ -455,12 +459,15 @@ class DockerProvider:
                 reply = relay.take_reply()
                 relays().give_back(handle, relay)
                 return relay.exec_id, reply, stopped, b""
+            if relay.went:  # it may have run: lost or stopped, as a client's call
+                return relay.exec_id, None, stopped, bytes(relay.frames.stderr)
             if paused.seen:
                 raise SandboxError("the sandbox is paused: unpause it before calling it")
-            if relay.greeted or b"relay.py" not in relay.frames.stderr:
-                return relay.exec_id, None, stopped, bytes(relay.frames.stderr)
-            _without_relay.add(handle)  # the relay never started, so the call never left: send it again
-        exec_id, sock = self._start_client(handle)
+            if stopped:
+                return relay.exec_id, None, stopped, b""
+            if self._exit_code(relay.exec_id) == NO_SUCH_SCRIPT:
+                _without_relay.add(handle)  # an earlier Workbench's toolbox, with no relay.py
+        exec_id, sock, _ = self._start_client(handle)
         frames = Frames()
         finished, stopped = protocol.exchange(
             sock, request, cancelled=cancelled, cancel=lambda: self._cancel(handle, request), feed=frames.feed
@@ -468,9 +475,29 @@ class DockerProvider:
         whole = bytes(frames.stdout) if finished and frames.stdout else None
         return exec_id, whole, stopped, bytes(frames.stderr)
 
-    def _start_client(self, handle: str, command: list[str] = CLIENT_COMMAND) -> tuple[str, socket.socket]:
-        """Start one toolbox client (or relay) with its stdin attached; retried while the sandbox is at its
-        pids limit (the engine then cannot fork the client), which the toolbox clears within seconds."""
+    def _exit_code(self, exec_id: str) -> int | None:
+        """An exec's exit code, once the engine has it (within EXIT_SETTLE_S of its stream's end); None if
+        it still runs, or the engine cannot say."""
+        settle = time.monotonic() + EXIT_SETTLE_S
+        while True:
+            try:
+                with self._engine():
+                    state = self.api.exec_inspect(exec_id)
+            except SandboxError:
+                return None
+            code = state.get("ExitCode")
+            if not state.get("Running") and isinstance(code, int):
+                return code
+            if time.monotonic() > settle:
+                return None
+            time.sleep(0.05)
+
+    def _start_client(
+        self, handle: str, command: list[str] = CLIENT_COMMAND
+    ) -> tuple[str, socket.socket, Any]:
+        """Start one toolbox client (or relay) with its stdin attached: (exec id, its socket, the SDK's object
+        holding the socket). Retried while the sandbox is at its pids limit (the engine then cannot fork the
+        client), which the toolbox clears within seconds."""
         give_up = time.monotonic() + EXEC_RETRY_S
         while True:
             try:
@@ -490,12 +517,12 @@ class DockerProvider:
                     ) from None
                 time.sleep(0.2)
         # The SDK hands back the socket's file object; its socket allows select and half-close.
-        return exec_id, getattr(response_socket, "_sock", response_socket)
+        return exec_id, getattr(response_socket, "_sock", response_socket), response_socket
 
     def _cancel(self, handle: str, request: protocol.Request) -> None:
         """Ask the toolbox to stop the call (it kills the command's process group)."""
         with contextlib.suppress(SandboxError, OSError, ToolFailed):
-            _, sock = self._start_client(handle)
+            _, sock, _ = self._start_client(handle)
             try:
                 sock.sendall(request.cancel_payload)
                 sock.shutdown(socket.SHUT_WR)
@@ -515,9 +542,12 @@ class DockerProvider:
             if time.monotonic() > settle:
                 break
             time.sleep(0.05)
-        with self._engine(handle):
-            code = self.api.exec_inspect(exec_id).get("ExitCode")
+        code = self._exit_code(exec_id)
         detail = stderr.decode("utf-8", "replace").strip()[-1000:] or "no message"
+        if code is None:
+            return SandboxError(
+                f"the sandbox's toolbox relay stopped answering during the call (its stream broke): {detail}"
+            )
         return SandboxError(f"the toolbox client in the sandbox failed (exit code {code}): {detail}")
 
     def _made_before_the_supervisor(self, handle: str) -> SandboxGone | None:
@@ -656,10 +686,11 @@ def _at_pids_limit(message: str) -> bool:
 
 
 class _PausedLook:
-    """Whether a relayed call waits on a paused sandbox: a relay frozen with its container answers nothing,
-    where a new exec is refused at once. Asked as the call waits; it looks (one inspect) PAUSED_LOOK_S after
-    the call began, then twice as long after each look, at most PAUSED_LOOK_MAX_S. A relay frozen before it
-    read the call finds its input ended once it thaws, and does not run it."""
+    """Whether a relayed call waits on a paused sandbox before its GO: a relay frozen with its container
+    answers nothing, where a new exec is refused at once. Asked as the call waits; it looks (one inspect)
+    PAUSED_LOOK_S after the call began, then twice as long after each look, at most PAUSED_LOOK_MAX_S. The
+    relay, thawed, finds its input ended instead of GO, and does not run the call. (A call paused after its
+    GO waits for its sandbox, as a call through a client of its own does.)"""
 
     def __init__(self, provider: DockerProvider, handle: str) -> None:
         self._provider, self._handle = provider, handle
@@ -673,6 +704,7 @@ class _PausedLook:
             return False
         self._gap = min(2 * self._gap, PAUSED_LOOK_MAX_S)
         self._next = now + self._gap
-        with contextlib.suppress(SandboxError), self._provider._engine(self._handle):
+        # Any failure (the engine slow or gone) is not a pause: the call's own limits still hold.
+        with contextlib.suppress(Exception):
             self.seen = bool(self._provider.api.inspect_container(self._handle)["State"].get("Paused"))
         return self.seen

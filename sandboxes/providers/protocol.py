@@ -98,11 +98,16 @@ def interrupted(reason: str, request: Request) -> ToolFailed:
 
 class Relayed(Protocol):
     """A stream that carries call after call (the docker provider's relays): what `exchange` sends first for
-    a request, what it answers to what comes back, and when the reply is whole."""
+    a request; what came (True once the relay read the call and waits for GO); GO, to send (from then on the
+    call may have run); whether GO went; and whether the reply is whole."""
+
+    went: bool
 
     def opening(self, request: Request) -> bytes: ...
 
-    def feed(self, data: bytes) -> bytes: ...  # what to send back at once (b"": nothing)
+    def feed(self, data: bytes) -> bool: ...
+
+    def go(self) -> bytes: ...
 
     def has_reply(self) -> bool: ...
 
@@ -119,18 +124,25 @@ def exchange(
     """Send the request on a connected stream, then read the reply into `feed` until the other side
     closes, the caller cancels, or the hard deadline passes; the stream is closed after.
 
-    On a `relayed` stream instead, what it says is sent, the sending side stays open, everything read
-    goes to it and what it answers is sent back (until the call is stopped); the reply ends once it has
-    it whole, and the stream is then left open for the next call.
+    On a `relayed` stream instead, the sending side stays open and everything read goes to it; once it
+    says the relay read the call, GO is sent unless the call was stopped by then (asked once more right
+    before); the reply ends once it is whole, and the stream is then left open for the next call. A call
+    stopped before GO went never ran: the exchange ends at once, with no cancel to send.
 
     On a cancel or at the deadline, `cancel()` asks the toolbox to stop the call, and the reply it
     then sends (with the output so far) is still read for CANCEL_CONFIRM_S.
     Returns (whether the reply is complete, why the provider stopped the call or None).
     """
-    stopped: str | None = None
     finished = False
-    now = time.monotonic()
-    deadline, give_up = now + request.hard_deadline_s, float("inf")
+    deadline = time.monotonic() + request.hard_deadline_s
+
+    def why_stop() -> str | None:
+        if cancelled is not None and cancelled():
+            return "cancelled"
+        return "deadline" if time.monotonic() > deadline else None
+
+    stopped: str | None = None
+    now, give_up = time.monotonic(), float("inf")
     try:
         if relayed is None:
             sock.sendall(request.payload)
@@ -138,29 +150,27 @@ def exchange(
         else:
             sock.sendall(relayed.opening(request))
         while now < give_up:
-            if stopped is None:
-                if cancelled is not None and cancelled():
-                    stopped = "cancelled"
-                elif now > deadline:
-                    stopped = "deadline"
-                if stopped:
-                    cancel()
-                    give_up = time.monotonic() + CANCEL_CONFIRM_S
+            if stopped is None and (stopped := why_stop()):
+                if relayed is not None and not relayed.went:
+                    return False, stopped  # it never ran
+                cancel()
+                give_up = time.monotonic() + CANCEL_CONFIRM_S
             ready, _, _ = select.select([sock], [], [], POLL_S)
             if ready:
                 chunk = sock.recv(65536)
                 if not chunk:
                     finished = relayed is None
                     return finished, stopped
-                if relayed is not None:
-                    answer = relayed.feed(chunk)
-                    if relayed.has_reply():
-                        finished = True
-                        return finished, stopped
-                    if answer and stopped is None:  # a stopped call is not let run
-                        sock.sendall(answer)
-                elif feed is not None:
-                    feed(chunk)
+                if relayed is None:
+                    if feed is not None:
+                        feed(chunk)
+                elif relayed.feed(chunk):
+                    if stopped := why_stop():
+                        return False, stopped  # not let run
+                    sock.sendall(relayed.go())
+                elif relayed.has_reply():
+                    finished = True
+                    return finished, stopped
             now = time.monotonic()
     except OSError:  # the stream broke: the sandbox died under the call
         pass

@@ -3,25 +3,30 @@ open per sandbox, through which call after call goes, instead of an exec of the 
 
 Why: an exec per call cost ~65 ms of the machine's CPU (the engine, runc, a new interpreter in the
 container) and as much of each call's time; a call through a relay that is running costs neither. The relay
-runs a call only after this side's GO, sent once it said it read the call: a call given up on before (the
-sandbox paused) is never run, however late the relay reads it. A relay carries one call at a time; a process keeps at most KEPT_PER_SANDBOX idle ones per sandbox, each for at
+runs a call only after this side's GO, sent once it said it read the call (READ): a call given up on before
+(cancelled, or its sandbox paused) never runs, however late the relay reads it, and one whose relay ended
+before GO can be sent again. A relay carries one call at a time; a process keeps at most KEPT_PER_SANDBOX idle ones per sandbox, each for at
 most REUSE_S (the relay itself leaves after its IDLE_S), and one whose stream shows anything while idle
 (its end) is dropped. A relay is used again only after a call that ended with its whole reply read: one
 that was stopped, broke or timed out is closed, and the relay in the sandbox ends with its input.
 
-Per process: the streams are sockets of this process, and a forked child starts with none.
+Per process: the streams are sockets of this process, and a forked child starts with none. The relay only
+writes once it has read a call, so nothing it says can be lost in the buffer the Docker SDK reads the
+exec's HTTP answer with (docker-py #425: bytes that came with the answer's headers stay there).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
-from sandboxes.toolbox.client import RELAY_HEADER_BYTES, RELAY_HELLO, RELAY_IDLE_S
+from sandboxes.toolbox.client import RELAY_HEADER_BYTES, RELAY_IDLE_S
 
 from . import protocol
 from .base import SandboxError
@@ -61,39 +66,39 @@ class Frames:
 
 @dataclass(eq=False)
 class Relay:
-    """One relay's stream: the exec's id, its socket, what came on it so far, and where its call is."""
+    """One relay's stream: the exec's id, its socket (and the SDK's object holding it), what came on it so
+    far, and where its call is: the relay asked to run it (READ came), and GO went."""
 
     exec_id: str
     sock: socket.socket
-    frames: Frames = field(
-        default_factory=lambda: Frames(protocol.MAX_REPLY_BYTES + RELAY_HEADER_BYTES + len(RELAY_HELLO))
-    )
-    greeted: bool = False  # HELLO came: the relay runs
-    went: bool = False  # GO was sent: the call may run
+    holder: Any = None  # the SDK's file object around `sock`, closed with it
+    frames: Frames = field(default_factory=lambda: Frames(protocol.MAX_REPLY_BYTES + RELAY_HEADER_BYTES))
+    asked: bool = False
+    went: bool = False
     idle_since: float = 0.0
 
     def opening(self, request: protocol.Request) -> bytes:
-        self.went = False
+        self.asked = self.went = False
         return len(request.payload).to_bytes(RELAY_HEADER_BYTES, "big") + request.payload
 
-    def feed(self, data: bytes) -> bytes:
-        """Take what came; once the relay said it read the call (an empty frame), answer GO (one too)."""
+    def feed(self, data: bytes) -> bool:
+        """Take what came; True once the relay said it read the call (an empty frame) and waits for GO."""
         self.frames.feed(data)
         stdout = self.frames.stdout
-        if not self.greeted and len(stdout) >= len(RELAY_HELLO):
-            if not stdout.startswith(RELAY_HELLO):
-                raise SandboxError(
-                    f"the sandbox's toolbox relay began with something else: {bytes(stdout[:80])!r}"
-                )
-            del stdout[: len(RELAY_HELLO)]
-            self.greeted = True
-        if self.greeted and not self.went and len(stdout) >= RELAY_HEADER_BYTES:
-            if stdout[:RELAY_HEADER_BYTES] != EMPTY_FRAME:
-                raise SandboxError("the sandbox's toolbox relay answered a call before it was told to run it")
-            del stdout[:RELAY_HEADER_BYTES]
-            self.went = True
-            return EMPTY_FRAME
-        return b""
+        if self.asked or len(stdout) < RELAY_HEADER_BYTES:
+            return False
+        if stdout[:RELAY_HEADER_BYTES] != EMPTY_FRAME:
+            raise SandboxError(
+                f"the sandbox's toolbox relay said something else than READ: {bytes(stdout[:80])!r}"
+            )
+        del stdout[:RELAY_HEADER_BYTES]
+        self.asked = True
+        return True
+
+    def go(self) -> bytes:
+        """GO, to send: from now on the call may have run."""
+        self.went = True
+        return EMPTY_FRAME
 
     def has_reply(self) -> bool:
         stdout, header = self.frames.stdout, RELAY_HEADER_BYTES
@@ -120,10 +125,15 @@ class Relay:
 
     def close(self) -> None:
         protocol.close(self.sock)
+        if self.holder is not None:
+            with contextlib.suppress(Exception):
+                self.holder.close()
 
 
 class Relays:
-    """The idle relays of this process, by sandbox handle."""
+    """The idle relays of this process, by sandbox handle. Each give-back also closes every relay idle past
+    REUSE_S, whatever its sandbox: one whose sandbox this process never calls again (removed by another
+    process, or its session's brain now elsewhere) is closed within a minute of the next call of any."""
 
     def __init__(self) -> None:
         self._idle: dict[str, list[Relay]] = {}
@@ -145,13 +155,28 @@ class Relays:
 
     def give_back(self, handle: str, relay: Relay) -> None:
         """A relay whose call ended with its whole reply read, for the sandbox's next call."""
-        relay.idle_since = time.monotonic()
+        relay.idle_since = now = time.monotonic()
         with self._lock:
+            closing = self._expired(now)
             idle = self._idle.setdefault(handle, [])
             if len(idle) < KEPT_PER_SANDBOX:
                 idle.append(relay)
-                return
-        relay.close()
+            else:
+                closing.append(relay)
+        for each in closing:
+            each.close()
+
+    def _expired(self, now: float) -> list[Relay]:
+        """Take out every relay idle past REUSE_S (under the lock)."""
+        expired: list[Relay] = []
+        for handle, idle in list(self._idle.items()):
+            fresh = [relay for relay in idle if now - relay.idle_since <= REUSE_S]
+            expired += [relay for relay in idle if now - relay.idle_since > REUSE_S]
+            if fresh:
+                self._idle[handle] = fresh
+            else:
+                del self._idle[handle]
+        return expired
 
     def drop(self, handle: str) -> None:
         """Close the sandbox's idle relays (it is being removed)."""
@@ -165,14 +190,24 @@ class Relays:
             return len(self._idle.get(handle, []))
 
 
-_relays: tuple[int, Relays] | None = None  # (the process that made them, them)
+_relays: Relays | None = None
 _relays_lock = threading.Lock()
 
 
 def relays() -> Relays:
-    """This process's relays (a forked child makes its own: the streams are its parent's sockets)."""
+    """This process's relays."""
     global _relays
     with _relays_lock:
-        if _relays is None or _relays[0] != os.getpid():
-            _relays = (os.getpid(), Relays())
-        return _relays[1]
+        if _relays is None:
+            _relays = Relays()
+        return _relays
+
+
+def _forget_in_child() -> None:
+    """A forked child starts with no relays (the streams are its parent's sockets: it must neither use nor
+    shut them down) and new locks (another thread may have held one at the fork)."""
+    global _relays, _relays_lock
+    _relays, _relays_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

@@ -27,8 +27,7 @@ LISTENER_UID = 0
 # The daemon's own files (call scripts, outputs, its log): the sandbox user's, as its commands are.
 RUNTIME_DIR = "/tmp/.toolbox"
 DAEMON_START_TIMEOUT_S = 10.0
-# relay.py's: what it writes first, and its frames' length prefix; it leaves after RELAY_IDLE_S unused.
-RELAY_HELLO = b"workbench toolbox relay 1\n"
+# relay.py's frames' length prefix; it leaves after RELAY_IDLE_S unused.
 RELAY_HEADER_BYTES = 4
 RELAY_IDLE_S = 120.0
 

@@ -7,12 +7,13 @@ keeps this relay running instead and sends its calls through it, one at a time
 connection of its own to the daemon, its listener checked to be root first), so the channel is the one
 the client makes; the relay only saves the exec.
 
-Frames, both ways: a 4-byte big-endian length, then that many bytes. The relay first writes HELLO (so
-the provider knows that a stream which ends before it never carried a call). For each request frame it
-reads, it answers an empty frame (READ), and runs the call only once the provider answers one too (GO),
+Frames, both ways: a 4-byte big-endian length, then that many bytes. For each request frame it reads,
+the relay answers an empty frame (READ), and runs the call only once the provider answers one too (GO),
 then writes the reply's frame. So a call runs only while its sender waits for it: one sent to a relay that
 could not read it at once (its sandbox paused) and given up on meanwhile finds the input ended instead of
-GO, however late it is read. The relay ends at the end of its input, or after IDLE_S without a request.
+GO, however late it is read; and a stream that ended before GO never ran its call. The relay writes
+nothing before it has read a call (the Docker SDK can lose what comes with the exec's HTTP answer), and
+ends at the end of its input, or after IDLE_S without a request.
 
 Run (as root): python3 -I -S /opt/workbench/toolbox/relay.py
 """
@@ -24,7 +25,6 @@ import sys
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # -I leaves this directory out
 import client  # noqa: E402 - after the path it is found on
 from client import RELAY_HEADER_BYTES as HEADER_BYTES  # noqa: E402
-from client import RELAY_HELLO as HELLO  # noqa: E402
 from client import RELAY_IDLE_S as IDLE_S  # noqa: E402
 
 READ = GO = bytes(HEADER_BYTES)  # an empty frame, each way
@@ -48,7 +48,6 @@ def _write(data):
 
 
 def main():
-    _write(HELLO)
     while True:
         ready, _, _ = select.select([0], [], [], IDLE_S)
         if not ready:

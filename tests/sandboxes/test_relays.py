@@ -4,6 +4,8 @@ the toolbox's relay that the process keeps per sandbox, instead of an exec of th
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +17,8 @@ from sandboxes.providers import docker as docker_provider_module
 from sandboxes.providers import relays as relays_module
 from sandboxes.providers.base import Provider, SandboxError, ToolFailed
 from sandboxes.providers.docker import DockerProvider
-from sandboxes.providers.relays import KEPT_PER_SANDBOX, Relays, relays
+from sandboxes.providers.protocol import build_request
+from sandboxes.providers.relays import EMPTY_FRAME, KEPT_PER_SANDBOX, Relay, Relays, relays
 
 from .conftest import Sandbox, provisioned, sandbox_resources
 
@@ -121,17 +124,44 @@ def test_a_call_sent_to_a_paused_sandbox_fails_and_never_runs(
 ) -> None:
     """The relay, frozen with its container, cannot say it read the call; the provider gives up on it
     within seconds without letting it run, and the relay, thawed, finds its input ended and does not."""
-    sandbox.bash("true")  # a relay is kept
+    sandbox.bash("true")
+    assert relays().count(sandbox.handle) == 1  # the call goes to the kept relay, not to a new exec
     provider.pause(sandbox.handle)
     try:
         began = time.monotonic()
         with pytest.raises(SandboxError, match="paused"):
             sandbox.bash("touch /workspace/ran")
-        assert time.monotonic() - began < 5
+        assert docker_provider_module.PAUSED_LOOK_S <= time.monotonic() - began < 5
     finally:
         provider.unpause(sandbox.handle)
     eventually(lambda: not relay_processes(api, sandbox.handle))
     assert sandbox.bash("ls -a /workspace") == ".\n.."
+
+
+def test_a_call_running_when_its_sandbox_is_paused_waits_for_it(
+    sandbox: Sandbox, provider: DockerProvider, api: Any
+) -> None:
+    """Once GO went the call may run: a pause then holds it, and it answers once unpaused (it is not
+    reported as failed while it would go on)."""
+    sandbox.bash("true")
+
+    def started() -> bool:
+        exec_id = api.exec_create(sandbox.handle, ["test", "-e", "/workspace/started"], user="0")["Id"]
+        api.exec_start(exec_id)
+        return api.exec_inspect(exec_id)["ExitCode"] == 0
+
+    def pause_while_it_runs() -> None:
+        eventually(started)
+        provider.pause(sandbox.handle)
+        time.sleep(2 * docker_provider_module.PAUSED_LOOK_S + 0.5)  # past the provider's look
+        provider.unpause(sandbox.handle)
+
+    pauser = threading.Thread(target=pause_while_it_runs)
+    pauser.start()
+    try:
+        assert sandbox.bash("touch /workspace/started; sleep 1.5; echo done") == "done"
+    finally:
+        pauser.join()
 
 
 def test_a_call_stopped_before_the_relay_said_it_read_it_never_runs(sandbox: Sandbox, api: Any) -> None:
@@ -167,9 +197,75 @@ def test_terminate_closes_the_sandboxs_relays(provider: DockerProvider) -> None:
     assert relays().count(sandbox.handle) == 0
 
 
-def test_a_forked_process_starts_with_relays_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_forked_process_starts_with_relays_of_its_own() -> None:
+    """The child neither uses nor shuts down its parent's streams, and has locks of its own."""
     mine = relays()
-    assert relays() is mine
-    monkeypatch.setattr(relays_module.os, "getpid", lambda: -1)
-    theirs = relays()
-    assert isinstance(theirs, Relays) and theirs is not mine
+    left, right = socket.socketpair()
+    mine.give_back("a-sandbox", Relay("exec", left))
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: report, and leave without running pytest's cleanup
+        os.close(read)
+        theirs = relays()
+        os.write(write, b"fresh" if theirs is not mine and theirs.count("a-sandbox") == 0 else b"inherited")
+        os._exit(0)
+    os.close(write)
+    said = os.read(read, 64)
+    os.waitpid(child, 0)
+    os.close(read)
+    assert said == b"fresh"
+    assert relays() is mine and mine.count("a-sandbox") == 1
+    mine.drop("a-sandbox")
+    right.close()
+
+
+def test_a_give_back_closes_every_relay_idle_past_its_reuse_time() -> None:
+    """Relays of sandboxes this process never calls again are closed by the next give-back of any."""
+    pool = Relays()
+    (old, old_peer), (new, new_peer) = socket.socketpair(), socket.socketpair()
+    stale = Relay("stale", old)
+    pool.give_back("gone-sandbox", stale)
+    stale.idle_since -= relays_module.REUSE_S + 1
+    pool.give_back("live-sandbox", Relay("fresh", new))
+    assert pool.count("gone-sandbox") == 0 and pool.count("live-sandbox") == 1
+    assert old.fileno() == -1 and old_peer.recv(1) == b""  # closed, and its peer saw the end
+    pool.drop("live-sandbox")
+    old_peer.close()
+    new_peer.close()
+
+
+def mux(data: bytes, stream: int = 1) -> bytes:
+    """`data` as the engine sends an exec's output: an 8-byte header (stream, size), then the bytes."""
+    return bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
+
+
+def test_the_relays_stream_is_read_whole_however_it_is_cut() -> None:
+    """READ, then GO and the reply's frame, each cut at every byte and mixed with stderr: the relay asks to
+    run the call once, the reply is whole only at its last byte, and nothing is left over."""
+    reply = b'{"ok": true, "output": "hi"}'
+    request = build_request("bash", {"command": "echo hi"}, timeout_s=None)
+    for cut in range(1, len(reply)):
+        left, right = socket.socketpair()
+        relay = Relay("exec", left)
+        relay.opening(request)
+        asked = [relay.feed(bytes([byte])) for byte in mux(b"oops", stream=2) + mux(EMPTY_FRAME)]
+        assert asked.count(True) == 1 and asked[-1] is True
+        assert not relay.has_reply()  # no GO yet
+        relay.go()
+        stream = mux(len(reply).to_bytes(4, "big") + reply[:cut]) + mux(reply[cut:])
+        for n in range(len(stream)):
+            relay.feed(stream[n : n + 1])
+            assert relay.has_reply() == (n == len(stream) - 1)
+        assert relay.take_reply() == reply and relay.frames.empty
+        left.close()
+        right.close()
+
+
+def test_a_relay_that_says_anything_but_read_first_is_refused() -> None:
+    left, right = socket.socketpair()
+    relay = Relay("exec", left)
+    relay.opening(build_request("bash", {"command": "true"}, timeout_s=None))
+    with pytest.raises(SandboxError, match="READ"):
+        relay.feed(mux(b"\x00\x00\x00\x05hello"))
+    left.close()
+    right.close()

@@ -261,3 +261,19 @@ def test_the_admin_shows_the_audit_log_read_only(admin_client, two):
         == 403
     )
     assert AuditEntry.objects.filter(pk=entry.pk).exists()
+
+
+def test_each_owners_lookup_answers_as_the_orm_does(two):
+    """The edge's lookups are written out (kernel.tenancy.workspace_lookup): each finds the workspace the row
+    holds, and None for an id no row has."""
+    from kernel.tenancy import owner
+
+    models = {"agent_id": Agent, "environment_id": Environment, "session_id": Session, "vault_id": Vault}
+    for param, model in models.items():
+        lookup = owner(param)
+        assert lookup is not None, param
+        for space in (two["a"], two["b"]):
+            object_id = space["objects"][param]
+            assert lookup.workspace_of(object_id) == space["id"], param
+            assert model.objects.get(pk=object_id).workspace_id == space["id"]
+        assert lookup.workspace_of(object_id[:-4] + "zzzz") is None, param

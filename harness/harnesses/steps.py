@@ -94,8 +94,16 @@ class CallModel:
         if brain.state.status != "running":
             opening.append((events.status_running(), None))
         opening.append((events.model_request_start(through_seq=brain.state.last_seq), None))
-        start = brain.emit_many(opening)[-1]
-        brain.provision_ahead(toolset=any(tool.kind == "toolset" for tool in tools.values()))
+        start: Any = None
+
+        def open_request() -> None:
+            """While the request goes out: its start in the log, the hands started ahead, and the call made
+            cancellable (an interrupt from now on stops it)."""
+            nonlocal start
+            start = brain.emit_many(opening)[-1]
+            brain.provision_ahead(toolset=any(tool.kind == "toolset" for tool in tools.values()))
+            brain.begin_cancellable()
+
         message_id = new_id("sevt")
         started: set[int] = set()
 
@@ -123,7 +131,6 @@ class CallModel:
                 event_type="agent.message",
             )
 
-        brain.begin_cancellable()
         try:
             response = stream_response(
                 request,
@@ -131,6 +138,7 @@ class CallModel:
                 cancelled=brain.interrupted,
                 register_cancel=brain.set_cancel_hook,
                 on_answered=brain.model_answered,
+                meanwhile=open_request,
             )
         except (ModelError, Cancelled) as failure:
             brain.emit(

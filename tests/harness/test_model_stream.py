@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from django.test import override_settings
 
@@ -166,3 +167,91 @@ def test_redacted_thinking_is_left_out_and_a_tool_input_in_pieces_is_joined(scri
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": 0,
     }
+
+
+REQUEST = {"model": "claude-sonnet-5-5", "max_tokens": 1024, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_meanwhile_runs_while_the_request_is_out_and_before_any_text(model_url, monkeypatch):
+    """The brain writes the request's start while the model reads the request: the request is sent from
+    another thread before `meanwhile` ends, and no text reaches `on_text` until it has."""
+    sent = threading.Event()
+    real = model._create_stream
+
+    def create(request: dict[str, Any]) -> Any:
+        sent.set()
+        return real(request)
+
+    monkeypatch.setattr(model, "_create_stream", create)
+    order: list[str] = []
+
+    def meanwhile() -> None:
+        # A brain that wrote first and sent after would wait here in vain.
+        order.append("sent" if sent.wait(10) else "not sent")
+        order.append("meanwhile done")
+
+    response = stream_response(
+        REQUEST,
+        on_text=lambda index, fragment: order.append("text"),
+        cancelled=threading.Event(),
+        register_cancel=lambda hook: None,
+        meanwhile=meanwhile,
+    )
+    assert response.stop_reason == "end_turn"
+    assert order[:3] == ["sent", "meanwhile done", "text"]
+
+
+def test_what_meanwhile_raises_is_raised_as_it_is_and_the_stream_is_closed_unread(model_url, monkeypatch):
+    opened: list[Any] = []
+    closed = threading.Event()
+    real = model._create_stream
+
+    def create(request: dict[str, Any]) -> Any:
+        stream = real(request)
+        close = stream.close
+
+        def closing() -> None:
+            close()
+            closed.set()
+
+        stream.close = closing
+        opened.append(stream)
+        return stream
+
+    monkeypatch.setattr(model, "_create_stream", create)
+
+    class LeaseGone(Exception):
+        pass
+
+    def meanwhile() -> None:
+        raise LeaseGone("another brain took the session")
+
+    texts: list[str] = []
+    with pytest.raises(LeaseGone):  # not a ModelError: the model did nothing wrong
+        stream_response(
+            REQUEST,
+            on_text=lambda index, fragment: texts.append(fragment),
+            cancelled=threading.Event(),
+            register_cancel=lambda hook: None,
+            meanwhile=meanwhile,
+        )
+    assert closed.wait(10) and len(opened) == 1 and texts == []
+
+
+def test_a_request_that_fails_while_meanwhile_runs_is_the_model_error_after_it(scripted, monkeypatch):
+    def create(request: dict[str, Any]) -> Any:
+        raise model.anthropic.APIConnectionError(
+            request=httpx.Request("POST", "http://127.0.0.1:9/v1/messages")
+        )
+
+    monkeypatch.setattr(model, "_create_stream", create)
+    ran: list[str] = []
+    with pytest.raises(ModelError) as raised:
+        stream_response(
+            REQUEST,
+            on_text=lambda index, fragment: None,
+            cancelled=threading.Event(),
+            register_cancel=lambda hook: None,
+            meanwhile=lambda: ran.append("meanwhile"),
+        )
+    assert ran == ["meanwhile"] and raised.value.kind == "model_request_failed_error"

@@ -120,41 +120,28 @@ def test_a_lease_brings_the_log_after_a_seq_and_a_refused_one_brings_nothing(mod
 
 
 def test_a_brain_that_loses_its_lease_while_its_request_goes_out_stops_and_closes_the_stream(
-    model_url, monkeypatch
+    model_url, streams, monkeypatch
 ):
     """The request goes out while its start is written (harness/model.py, `meanwhile`): a brain whose lease
     another brain took meanwhile has its start refused, stops, and closes the model's stream unread."""
-    import threading
-
     from django.db.models import F
 
     from harness import brain as brains
-    from harness import model
 
     session_id = session_with()
     say(session_id, "hello")
-    sent, closed, opened = threading.Event(), threading.Event(), []
-    real_create, real_emit = model._create_stream, brains.emit_events
-
-    def create(request):
-        stream = real_create(request)
-        close = stream.close
-        stream.close = lambda: (close(), closed.set())
-        opened.append(stream)
-        sent.set()
-        return stream
+    real_emit = brains.emit_events
 
     def emit(session, items, **kwargs):
         if any(event["type"] == "span.model_request_start" for event, _ in items):
-            assert sent.wait(10), "the request was not out while its start was written"
+            assert streams.sent.wait(10), "the request was not out while its start was written"
             Session.objects.filter(id=session).update(lease_epoch=F("lease_epoch") + 1)  # another brain
         return real_emit(session, items, **kwargs)
 
-    monkeypatch.setattr(model, "_create_stream", create)
     monkeypatch.setattr(brains, "emit_events", emit)
     before = [e.type for e in log(session_id)]
     assert run_brain(session_id) == "lease lost"
-    assert closed.wait(10) and len(opened) == 1
+    assert streams.closed.wait(10) and len(streams.opened) == 1
     assert [e.type for e in log(session_id)] == before  # the stale brain wrote nothing
 
 

@@ -172,22 +172,14 @@ def test_redacted_thinking_is_left_out_and_a_tool_input_in_pieces_is_joined(scri
 REQUEST = {"model": "claude-sonnet-5-5", "max_tokens": 1024, "messages": [{"role": "user", "content": "hi"}]}
 
 
-def test_meanwhile_runs_while_the_request_is_out_and_before_any_text(model_url, monkeypatch):
+def test_meanwhile_runs_while_the_request_is_out_and_before_any_text(model_url, streams):
     """The brain writes the request's start while the model reads the request: the request is sent from
     another thread before `meanwhile` ends, and no text reaches `on_text` until it has."""
-    sent = threading.Event()
-    real = model._create_stream
-
-    def create(request: dict[str, Any]) -> Any:
-        sent.set()
-        return real(request)
-
-    monkeypatch.setattr(model, "_create_stream", create)
     order: list[str] = []
 
     def meanwhile() -> None:
         # A brain that wrote first and sent after would wait here in vain.
-        order.append("sent" if sent.wait(10) else "not sent")
+        order.append("sent" if streams.sent.wait(10) else "not sent")
         order.append("meanwhile done")
 
     response = stream_response(
@@ -201,25 +193,7 @@ def test_meanwhile_runs_while_the_request_is_out_and_before_any_text(model_url, 
     assert order[:3] == ["sent", "meanwhile done", "text"]
 
 
-def test_what_meanwhile_raises_is_raised_as_it_is_and_the_stream_is_closed_unread(model_url, monkeypatch):
-    opened: list[Any] = []
-    closed = threading.Event()
-    real = model._create_stream
-
-    def create(request: dict[str, Any]) -> Any:
-        stream = real(request)
-        close = stream.close
-
-        def closing() -> None:
-            close()
-            closed.set()
-
-        stream.close = closing
-        opened.append(stream)
-        return stream
-
-    monkeypatch.setattr(model, "_create_stream", create)
-
+def test_what_meanwhile_raises_is_raised_as_it_is_and_the_stream_is_closed_unread(model_url, streams):
     class LeaseGone(Exception):
         pass
 
@@ -235,7 +209,7 @@ def test_what_meanwhile_raises_is_raised_as_it_is_and_the_stream_is_closed_unrea
             register_cancel=lambda hook: None,
             meanwhile=meanwhile,
         )
-    assert closed.wait(10) and len(opened) == 1 and texts == []
+    assert streams.closed.wait(10) and len(streams.opened) == 1 and texts == []
 
 
 def test_a_request_that_fails_while_meanwhile_runs_is_the_model_error_after_it(scripted, monkeypatch):
